@@ -90,12 +90,12 @@ class S4dLayer(nn.Module):
 class BiGSLayer(nn.Module):
     """One BiGS layer (paper Fig. 2, DESIGN §2), X (B, L, d) → X' (B, L, d):
 
-        H  = LayerNorm(X)
-        V  = σ(H Wv)                 dv            (B, L, I)
-        F  = σ(H Wf)                 du_forward    (B, L, d)
-        Bk = σ(flip(H) Wb)           du_backward   (B, L, d)
-        U  = (SSM_f(F) Wuf) ⊙ flip(SSM_b(Bk) Wub)  duc_forward, duc_backward
-        X' = X + (σ(U Wdol) ⊙ V) Wdo               dol, do
+    H  = LayerNorm(X)
+    V  = σ(H Wv)                 dv            (B, L, I)
+    F  = σ(H Wf)                 du_forward    (B, L, d)
+    Bk = σ(flip(H) Wb)           du_backward   (B, L, d)
+    U  = (SSM_f(F) Wuf) ⊙ flip(SSM_b(Bk) Wub)  duc_forward, duc_backward
+    X' = X + (σ(U Wdol) ⊙ V) Wdo               dol, do
     """
 
     def __init__(self, config: BiGSConfig):
@@ -334,6 +334,8 @@ class BiGSForMaskedLM(BiGSPreTrainedModel):
     the [MASK] positions.
     """
 
+    # The MLM never runs the pooler, and Flax-trained MLM weights have none: a fresh init is fine.
+    _keys_to_ignore_on_load_missing = [r"position_ids", r"bigs\.pooler\."]
     _tied_weights_keys = {
         "cls.predictions.decoder.weight": "bigs.embeddings.word_embeddings.weight",
         "cls.predictions.decoder.bias": "cls.predictions.bias",

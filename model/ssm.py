@@ -177,4 +177,3 @@ def causal_conv_chunked(u: torch.Tensor, weights: ChunkedWeights) -> torch.Tenso
     y = y + torch.einsum("in,bknd->bkid", w.from_state_re, h_re)
     y = y - torch.einsum("in,bknd->bkid", w.from_state_im, h_im)
     return y.reshape(B, n_chunks * chunk, d)[:, :L]  # (B, L, d)
-

@@ -1,0 +1,114 @@
+"""`bigs` — the command line. Thin: parse, build the config, call one function.
+
+    bigs init OUT_DIR [--task mlm|classification] [--hidden-size …]   a fresh (untrained) artifact dir
+    bigs convert flax-to-torch CKPT.msgpack CONFIG.json OUT_DIR        published Flax → artifact dir
+    bigs convert torch-to-flax ARTIFACT_DIR OUT.msgpack                artifact dir → Flax params
+    bigs bench torch-forward [--lengths 512 4096]                      torch eager latency
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+
+def cmd_init(args: argparse.Namespace) -> None:
+    import torch
+
+    from model import BiGSConfig, BiGSForMaskedLM, BiGSForSequenceClassification
+    from model.tokenizer import save_tokenizer
+
+    labels = args.labels.split(",") if args.labels else None
+    config = BiGSConfig(
+        hidden_size=args.hidden_size,
+        num_hidden_layers=args.layers,
+        intermediate_size=args.intermediate_size or 3 * args.hidden_size,
+        max_position_embeddings=args.max_length,
+        **({"id2label": dict(enumerate(labels)), "label2id": {l: i for i, l in enumerate(labels)}} if labels else {}),
+    )
+    torch.manual_seed(args.seed)
+    model_class = BiGSForMaskedLM if args.task == "mlm" else BiGSForSequenceClassification
+    model_class(config).save_pretrained(args.out_dir)
+    save_tokenizer(args.out_dir, model_max_length=args.max_length)
+    print(f"wrote an untrained {model_class.__name__} to {args.out_dir}")
+
+
+def cmd_convert(args: argparse.Namespace) -> None:
+    from model.convert import flax_to_torch, load_flax_msgpack, save_torch_safetensors, torch_to_flax
+
+    if args.direction == "flax-to-torch":
+        from model import BiGSConfig
+        from model.tokenizer import save_tokenizer
+
+        out = Path(args.destination)
+        out.mkdir(parents=True, exist_ok=True)
+        config = BiGSConfig(**json.loads(Path(args.config).read_text()))
+        params = load_flax_msgpack(args.source)
+        config.architectures = ["BiGSForMaskedLM" if "cls" in params else "BiGSForSequenceClassification"]
+        config.save_pretrained(out)
+        save_torch_safetensors(flax_to_torch(params), out / "model.safetensors")
+        save_tokenizer(out, model_max_length=config.max_position_embeddings)
+        print(f"wrote {out}")
+    else:
+        from flax.serialization import msgpack_serialize
+
+        from model.convert import load_torch_safetensors
+
+        params = torch_to_flax(load_torch_safetensors(Path(args.source) / "model.safetensors"))
+        Path(args.destination).write_bytes(msgpack_serialize(params))
+        print(f"wrote {args.destination}")
+
+
+def cmd_bench(args: argparse.Namespace) -> None:
+    import runpy
+
+    bench = Path(__file__).parent / "bench" / f"{args.which.replace('-', '_')}.py"
+    sys.argv = [str(bench), *args.rest]
+    runpy.run_path(str(bench), run_name="__main__")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="bigs", description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    init = sub.add_parser("init", help="write a fresh, untrained artifact dir (config, safetensors, tokenizer)")
+    init.add_argument("out_dir")
+    init.add_argument("--task", choices=["mlm", "classification"], default="mlm")
+    init.add_argument("--hidden-size", type=int, default=768)
+    init.add_argument("--layers", type=int, default=12)
+    init.add_argument("--intermediate-size", type=int, default=None, help="default 3 x hidden size")
+    init.add_argument("--max-length", type=int, default=4096)
+    init.add_argument("--labels", default=None, help="comma-separated class names (classification)")
+    init.add_argument("--seed", type=int, default=0)
+    init.set_defaults(func=cmd_init)
+
+    convert = sub.add_parser("convert", help="weights between published Flax checkpoints and artifact dirs")
+    convert.add_argument("direction", choices=["flax-to-torch", "torch-to-flax"])
+    convert.add_argument("source", help="flax_model.msgpack, or an artifact dir")
+    convert.add_argument("config", nargs="?", help="config.json of the Flax checkpoint (flax-to-torch)")
+    convert.add_argument("destination", nargs="?", help="artifact dir, or .msgpack file")
+    convert.set_defaults(func=cmd_convert)
+
+    bench = sub.add_parser("bench", help="run a benchmark script from bench/")
+    bench.add_argument("which", choices=["torch-forward"])
+    bench.add_argument("rest", nargs=argparse.REMAINDER, help="arguments for the benchmark")
+    bench.set_defaults(func=cmd_bench)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = build_parser().parse_args(argv)
+    if args.command == "convert":
+        if args.direction == "flax-to-torch" and not (args.config and args.destination):
+            build_parser().error("flax-to-torch needs: CKPT.msgpack CONFIG.json OUT_DIR")
+        if args.direction == "torch-to-flax":
+            args.destination = args.destination or args.config
+            if not args.destination:
+                build_parser().error("torch-to-flax needs: ARTIFACT_DIR OUT.msgpack")
+    args.func(args)
+
+
+if __name__ == "__main__":
+    main()

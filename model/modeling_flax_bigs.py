@@ -1,0 +1,345 @@
+"""BiGS in Flax (linen), the same function as model/modeling_bigs.py, for training in JAX.
+
+The parameter tree is the one of the published Flax code (jxiw/BiGS), so its checkpoints load:
+
+    s4_bert/embeddings/{word,position,token_type}_embeddings/embedding, s4_bert/embeddings/LayerNorm
+    s4_bert/encoder/layer/{i}/LayerNorm, …/{fs4,bs4}/{log_step,A_re,A_im,C,D},
+    …/{dv,du_forward,du_backward,duc_forward,duc_backward,dol,do}/{kernel,bias}
+    s4_bert/pooler/dense                                    (classification)
+    cls/predictions/{transform/{dense,LayerNorm},bias}      (MLM; decoder tied to word embeddings)
+    classifier                                              (classification)
+
+Two Flax defaults differ from torch and are set explicitly: GELU is exact (erf), as
+`torch.nn.functional.gelu`, and LayerNorm epsilon comes from the config (1e-12), not 1e-6.
+Padding is handled as in the torch model: SSM inputs are zeroed at pad positions unless
+`config.mask_padding_in_ssm` is False. Computation is batch-first, (B, L, d).
+"""
+
+from __future__ import annotations
+
+import math
+from functools import partial
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from .configuration_bigs import BiGSConfig
+
+exact_gelu = partial(nn.gelu, approximate=False)
+
+# ------------------------------------------------------------------------------------------
+# Kernel and SSM (real arithmetic; see model/ssm.py for the derivation)
+# ------------------------------------------------------------------------------------------
+
+
+def s4d_kernel(log_step, A_re, A_im, C, length: int):
+    """K[0:length] of one S4D SSM (float32), shape (length,)."""
+    dt = jnp.exp(log_step)  # (1,)
+    A_re = jnp.minimum(A_re, -1e-4)
+    a, b = A_re * dt, A_im * dt  # dtA = a + i·b, (N,)
+    num_re, num_im = jnp.exp(a) * jnp.cos(b) - 1.0, jnp.exp(a) * jnp.sin(b)  # exp(dtA) − 1
+    denom = A_re * A_re + A_im * A_im
+    ratio_re = (num_re * A_re + num_im * A_im) / denom  # (exp(dtA) − 1) / A
+    ratio_im = (num_im * A_re - num_re * A_im) / denom
+    c_re = C[:, 0] * ratio_re - C[:, 1] * ratio_im  # Ct = (C0 + i·C1)·ratio
+    c_im = C[:, 0] * ratio_im + C[:, 1] * ratio_re
+    l = jnp.arange(length, dtype=jnp.float32)[:, None]  # (L, 1)
+    magnitude = jnp.exp(a * l)  # (L, N)
+    return (magnitude * jnp.cos(b * l)) @ c_re - (magnitude * jnp.sin(b * l)) @ c_im
+
+
+def causal_conv_fft(u, K):
+    """y[t] = Σ_{s≤t} K[t−s]·u[s] along axis 1 of u (B, L, d), zero-padded to 2L."""
+    L = u.shape[1]
+    u_f = jnp.fft.rfft(u, n=2 * L, axis=1)  # (B, L+1, d)
+    K_f = jnp.fft.rfft(K[:L], n=2 * L)  # (L+1,)
+    return jnp.fft.irfft(u_f * K_f[:, None], n=2 * L, axis=1)[:, :L]
+
+
+def log_step_init(dt_min: float = 0.01, dt_max: float = 1.0):
+    def init(key, shape, dtype=jnp.float32):
+        return jax.random.uniform(key, shape, dtype, math.log(dt_min), math.log(dt_max))
+
+    return init
+
+
+def s4d_lin_imag_init(key, shape, dtype=jnp.float32):
+    return math.pi * jnp.arange(shape[0], dtype=dtype)
+
+
+class S4dLayer(nn.Module):
+    """y = K * u + D·u along the sequence, one kernel shared by all channels. u: (B, L, d)."""
+
+    num_ssm: int
+
+    @nn.compact
+    def __call__(self, u):
+        N = self.num_ssm
+        log_step = self.param("log_step", log_step_init(), (1,))
+        A_re = self.param("A_re", nn.initializers.constant(-0.5), (N,))
+        A_im = self.param("A_im", s4d_lin_imag_init, (N,))
+        C = self.param("C", nn.initializers.normal(stddev=0.5**0.5), (N, 2))
+        D = self.param("D", nn.initializers.normal(stddev=1.0), (1,))
+        # The SSM runs in float32 whatever the compute dtype: FFTs in bf16 lose the long tail of K.
+        u32 = u.astype(jnp.float32)
+        K = s4d_kernel(log_step, A_re, A_im, C, u.shape[1])
+        return (causal_conv_fft(u32, K) + D * u32).astype(u.dtype)
+
+
+# ------------------------------------------------------------------------------------------
+# Gated bidirectional layer and encoder
+# ------------------------------------------------------------------------------------------
+
+
+class FlaxBiGSLayer(nn.Module):
+    """One BiGS layer; see BiGSLayer in modeling_bigs.py for the equations."""
+
+    config: BiGSConfig
+    dtype: jnp.dtype = jnp.float32
+
+    def setup(self):
+        c = self.config
+        dense = partial(nn.Dense, dtype=self.dtype, kernel_init=nn.initializers.normal(c.initializer_range))
+        self.LayerNorm = nn.LayerNorm(epsilon=c.layer_norm_eps, dtype=self.dtype)
+        self.fs4 = S4dLayer(num_ssm=c.num_ssm)
+        self.bs4 = S4dLayer(num_ssm=c.num_ssm)
+        self.dv = dense(c.intermediate_size)
+        self.du_forward = dense(c.hidden_size)
+        self.du_backward = dense(c.hidden_size)
+        self.duc_forward = dense(c.hidden_size)
+        self.duc_backward = dense(c.hidden_size)
+        self.dol = dense(c.intermediate_size)
+        self.do = dense(c.hidden_size)
+
+    def gated_ssm(self, H, real_tokens):
+        V = exact_gelu(self.dv(H))
+        forward_in = exact_gelu(self.du_forward(H))
+        backward_in = exact_gelu(self.du_backward(jnp.flip(H, axis=1)))
+        if self.config.mask_padding_in_ssm:
+            keep = real_tokens.astype(H.dtype)[..., None]  # (B, L, 1)
+            forward_in = forward_in * keep
+            backward_in = backward_in * jnp.flip(keep, axis=1)
+        U = self.duc_forward(self.fs4(forward_in)) * jnp.flip(self.duc_backward(self.bs4(backward_in)), axis=1)
+        return self.do(exact_gelu(self.dol(U)) * V)
+
+    def __call__(self, X, real_tokens):
+        if self.config.pre_norm:
+            return X + self.gated_ssm(self.LayerNorm(X), real_tokens)
+        return self.LayerNorm(X + self.gated_ssm(X, real_tokens))
+
+
+class FlaxBiGSLayerCollection(nn.Module):
+    config: BiGSConfig
+    dtype: jnp.dtype = jnp.float32
+
+    @nn.compact
+    def __call__(self, X, real_tokens, output_hidden_states: bool = False):
+        all_hidden = (X,) if output_hidden_states else None
+        for i in range(self.config.num_hidden_layers):
+            X = FlaxBiGSLayer(self.config, dtype=self.dtype, name=str(i))(X, real_tokens)
+            if output_hidden_states:
+                all_hidden = all_hidden + (X,)
+        return X, all_hidden
+
+
+class FlaxBiGSEncoder(nn.Module):
+    config: BiGSConfig
+    dtype: jnp.dtype = jnp.float32
+
+    @nn.compact
+    def __call__(self, X, real_tokens, output_hidden_states: bool = False):
+        return FlaxBiGSLayerCollection(self.config, dtype=self.dtype, name="layer")(
+            X, real_tokens, output_hidden_states
+        )
+
+
+# ------------------------------------------------------------------------------------------
+# Embeddings, pooler, backbone
+# ------------------------------------------------------------------------------------------
+
+
+class FlaxBiGSEmbeddings(nn.Module):
+    config: BiGSConfig
+    dtype: jnp.dtype = jnp.float32
+
+    @nn.compact
+    def __call__(self, input_ids, token_type_ids, position_ids, deterministic: bool = True):
+        c = self.config
+        embed = partial(nn.Embed, features=c.hidden_size, embedding_init=nn.initializers.normal(c.initializer_range))
+        X = embed(c.vocab_size, name="word_embeddings")(input_ids.astype("i4"))
+        X = X + embed(c.type_vocab_size, name="token_type_embeddings")(token_type_ids.astype("i4"))
+        X = X + embed(c.max_position_embeddings, name="position_embeddings")(position_ids.astype("i4"))
+        X = nn.LayerNorm(epsilon=c.layer_norm_eps, dtype=self.dtype, name="LayerNorm")(X)
+        return nn.Dropout(rate=c.hidden_dropout_prob)(X, deterministic=deterministic)
+
+
+class FlaxBiGSPooler(nn.Module):
+    config: BiGSConfig
+    dtype: jnp.dtype = jnp.float32
+
+    @nn.compact
+    def __call__(self, hidden_states, attention_mask):
+        if self.config.pooler_type == "mean":
+            pooled = hidden_states.mean(axis=1)
+        else:
+            weights = attention_mask.astype(hidden_states.dtype)[..., None]  # (B, L, 1)
+            pooled = (hidden_states * weights).sum(axis=1) / weights.sum(axis=1)
+        dense = nn.Dense(
+            self.config.hidden_size,
+            dtype=self.dtype,
+            kernel_init=nn.initializers.normal(self.config.initializer_range),
+            name="dense",
+        )
+        return jnp.tanh(dense(pooled))
+
+
+class FlaxBiGSModule(nn.Module):
+    """Embeddings → gated SSM layers (→ pooler when `add_pooling_layer`)."""
+
+    config: BiGSConfig
+    dtype: jnp.dtype = jnp.float32
+    add_pooling_layer: bool = True
+
+    @nn.compact
+    def __call__(
+        self,
+        input_ids,
+        attention_mask=None,
+        token_type_ids=None,
+        position_ids=None,
+        deterministic: bool = True,
+        output_hidden_states: bool = False,
+    ):
+        B, L = input_ids.shape
+        if L > self.config.max_position_embeddings:
+            raise ValueError(f"input has {L} tokens but the model has {self.config.max_position_embeddings} positions")
+        if attention_mask is None:
+            attention_mask = jnp.ones_like(input_ids)
+        if token_type_ids is None:
+            token_type_ids = jnp.zeros_like(input_ids)
+        if position_ids is None:
+            position_ids = jnp.broadcast_to(jnp.arange(L), (B, L))
+        X = FlaxBiGSEmbeddings(self.config, dtype=self.dtype, name="embeddings")(
+            input_ids, token_type_ids, position_ids, deterministic
+        )
+        X, all_hidden = FlaxBiGSEncoder(self.config, dtype=self.dtype, name="encoder")(
+            X, attention_mask, output_hidden_states
+        )
+        pooled = None
+        if self.add_pooling_layer:
+            pooled = FlaxBiGSPooler(self.config, dtype=self.dtype, name="pooler")(X, attention_mask)
+        return X, pooled, all_hidden
+
+
+# ------------------------------------------------------------------------------------------
+# Heads
+# ------------------------------------------------------------------------------------------
+
+
+class FlaxBiGSPredictionHeadTransform(nn.Module):
+    config: BiGSConfig
+    dtype: jnp.dtype = jnp.float32
+
+    @nn.compact
+    def __call__(self, hidden_states):
+        c = self.config
+        if c.hidden_act != "gelu":
+            raise ValueError(f"the Flax MLM head implements hidden_act='gelu' only, got {c.hidden_act!r}")
+        dense = nn.Dense(
+            c.hidden_size, dtype=self.dtype, kernel_init=nn.initializers.normal(c.initializer_range), name="dense"
+        )
+        H = dense(hidden_states)
+        return nn.LayerNorm(epsilon=c.layer_norm_eps, dtype=self.dtype, name="LayerNorm")(exact_gelu(H))
+
+
+class FlaxBiGSLMPredictionHead(nn.Module):
+    """transform → decoder tied to the word embeddings (or its own when untied) + output bias."""
+
+    config: BiGSConfig
+    dtype: jnp.dtype = jnp.float32
+
+    @nn.compact
+    def __call__(self, hidden_states, shared_embedding=None):
+        c = self.config
+        H = FlaxBiGSPredictionHeadTransform(c, dtype=self.dtype, name="transform")(hidden_states)
+        if shared_embedding is not None:
+            logits = H @ shared_embedding.T.astype(self.dtype)
+        else:
+            logits = nn.Dense(c.vocab_size, dtype=self.dtype, use_bias=False, name="decoder")(H)
+        bias = self.param("bias", nn.initializers.zeros, (c.vocab_size,))
+        return logits + bias.astype(self.dtype)
+
+
+class FlaxBiGSForMaskedLMModule(nn.Module):
+    """MLM: logits (B, L, vocab), or (B, P, vocab) at `logits_positions` (B, P) when given."""
+
+    config: BiGSConfig
+    dtype: jnp.dtype = jnp.float32
+
+    @nn.compact
+    def __call__(
+        self,
+        input_ids,
+        attention_mask=None,
+        token_type_ids=None,
+        position_ids=None,
+        deterministic: bool = True,
+        logits_positions=None,
+        output_hidden_states: bool = False,
+    ):
+        backbone = FlaxBiGSModule(self.config, dtype=self.dtype, add_pooling_layer=False, name="s4_bert")
+        X, _, all_hidden = backbone(
+            input_ids, attention_mask, token_type_ids, position_ids, deterministic, output_hidden_states
+        )
+        if logits_positions is not None:
+            X = jnp.take_along_axis(X, logits_positions[..., None], axis=1)  # (B, P, d)
+        shared = None
+        if self.config.tie_word_embeddings:
+            shared = backbone.variables["params"]["embeddings"]["word_embeddings"]["embedding"]
+        head = FlaxBiGSOnlyMLMHead(self.config, dtype=self.dtype, name="cls")
+        logits = head(X, shared)
+        return (logits, all_hidden) if output_hidden_states else logits
+
+
+class FlaxBiGSOnlyMLMHead(nn.Module):
+    config: BiGSConfig
+    dtype: jnp.dtype = jnp.float32
+
+    @nn.compact
+    def __call__(self, hidden_states, shared_embedding=None):
+        return FlaxBiGSLMPredictionHead(self.config, dtype=self.dtype, name="predictions")(
+            hidden_states, shared_embedding
+        )
+
+
+class FlaxBiGSForSequenceClassificationModule(nn.Module):
+    """Classification / regression logits (B, num_labels) from the pooled output."""
+
+    config: BiGSConfig
+    dtype: jnp.dtype = jnp.float32
+
+    @nn.compact
+    def __call__(
+        self,
+        input_ids,
+        attention_mask=None,
+        token_type_ids=None,
+        position_ids=None,
+        deterministic: bool = True,
+        output_hidden_states: bool = False,
+    ):
+        c = self.config
+        _, pooled, all_hidden = FlaxBiGSModule(c, dtype=self.dtype, name="s4_bert")(
+            input_ids, attention_mask, token_type_ids, position_ids, deterministic, output_hidden_states
+        )
+        rate = c.classifier_dropout if c.classifier_dropout is not None else c.hidden_dropout_prob
+        pooled = nn.Dropout(rate=rate)(pooled, deterministic=deterministic)
+        logits = nn.Dense(c.num_labels, dtype=self.dtype, name="classifier")(pooled)
+        return (logits, all_hidden) if output_hidden_states else logits
+
+
+def init_params(module: nn.Module, seed: int = 0, length: int = 8):
+    """Fresh parameters for a Flax BiGS module (the tree does not depend on `length`)."""
+    ids = jnp.zeros((1, length), dtype=jnp.int32)
+    return module.init(jax.random.PRNGKey(seed), ids)["params"]

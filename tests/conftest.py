@@ -1,0 +1,123 @@
+"""Shared fixtures: tiny BiGS configs and models (2 layers, hidden 64), realistic S4D parameters.
+
+Everything that needs torch or transformers is imported inside the fixtures, so test files of a
+serving-only install (no torch) can still use this conftest.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+# The shapes of every tiny model in the test suite (DESIGN §5.6).
+TINY = dict(
+    vocab_size=128,
+    hidden_size=64,
+    num_hidden_layers=2,
+    intermediate_size=192,
+    max_position_embeddings=128,
+    type_vocab_size=2,
+    num_ssm=64,
+)
+
+# The real BERT uncased WordPiece vocab, for tests that need the tokenizer (pipelines, service).
+BERT_VOCAB_SIZE = 30522
+
+
+@pytest.fixture
+def tiny_config():
+    """Factory: ``tiny_config(**overrides) -> BiGSConfig`` with the TINY shapes.
+
+    Dropout is off by default so that outputs are deterministic even in train mode.
+    """
+    from model import BiGSConfig
+
+    def make(**overrides):
+        fields = dict(TINY, hidden_dropout_prob=0.0)
+        fields.update(overrides)
+        return BiGSConfig(**fields)
+
+    return make
+
+
+@pytest.fixture
+def tiny_bert_config(tiny_config):
+    """Factory: a tiny config over the real 30,522-entry BERT vocab (what the tokenizer emits)."""
+
+    def make(**overrides):
+        return tiny_config(**{"vocab_size": BERT_VOCAB_SIZE, **overrides})
+
+    return make
+
+
+def _perturb_(model, seed: int) -> None:
+    """Give the parameters that `_init_weights` sets to constants (biases, LayerNorm gains) random values.
+
+    Tests that compare weights or outputs across save/load, formulations or padding then also
+    catch a bias or LayerNorm that is dropped, mis-named or mis-tied.
+    """
+    import torch
+
+    g = torch.Generator().manual_seed(seed + 1)
+    with torch.no_grad():
+        for name, p in model.named_parameters():  # tied tensors are listed once
+            if name.endswith("bias") or name.endswith("LayerNorm.weight"):
+                p.add_(0.05 * torch.randn(p.shape, generator=g, dtype=p.dtype))
+
+
+@pytest.fixture
+def tiny_model(tiny_config):
+    """Factory: ``tiny_model(cls=BiGSForMaskedLM, seed=0, config=None, **config_overrides)``.
+
+    A randomly initialized model in eval mode, reproducible from `seed`, with non-trivial biases and
+    LayerNorm parameters. Pass `config` to use a prepared config instead of `tiny_config(**overrides)`.
+    """
+    import torch
+
+    from model import BiGSForMaskedLM
+
+    def make(cls=BiGSForMaskedLM, seed: int = 0, config=None, **overrides):
+        config = config if config is not None else tiny_config(**overrides)
+        torch.manual_seed(seed)
+        model = cls(config)
+        _perturb_(model, seed)
+        return model.eval()
+
+    return make
+
+
+@pytest.fixture
+def s4d_params():
+    """Factory: ``s4d_params(N=64, case="s4d_lin", seed=0) -> dict(log_step, A_re, A_im, C)`` (float32).
+
+    Cases (all with A_im = π·n and C ~ N(0, 1/2), as the S4D-Lin init of the published model):
+      "s4d_lin"     A_re = −1/2, log_step ~ U[log 0.01, log 1]  (the init)
+      "slow_decay"  A_re ≈ −1e-3, dt = 1: per-step decay e^−0.001, still e^−4 at l = 4096 — the
+                    long-range part of the kernel matters at every length
+      "slower"      A_re ≈ −1e-3, dt = 0.01: decay e^−1e-5 per step, almost none over 4096
+      "clamped"     A_re ~ U[−1, 1]: the positive half is clamped to −1e-4 by the kernel
+    """
+    import torch
+
+    def make(N: int = 64, case: str = "s4d_lin", seed: int = 0):
+        g = torch.Generator().manual_seed(seed)
+        C = torch.randn(N, 2, generator=g) * 0.5**0.5
+        A_im = math.pi * torch.arange(N, dtype=torch.float32)
+        if case == "s4d_lin":
+            A_re = torch.full((N,), -0.5)
+            log_step = torch.empty(1).uniform_(math.log(0.01), math.log(1.0), generator=g)
+        elif case == "slow_decay":
+            A_re = -1e-3 * (1 + 0.1 * torch.rand(N, generator=g))
+            log_step = torch.tensor([math.log(1.0)])
+        elif case == "slower":
+            A_re = -1e-3 * (1 + 0.1 * torch.rand(N, generator=g))
+            log_step = torch.tensor([math.log(0.01)])
+        elif case == "clamped":
+            A_re = torch.rand(N, generator=g) * 2 - 1
+            log_step = torch.empty(1).uniform_(math.log(0.01), math.log(1.0), generator=g)
+        else:
+            raise ValueError(case)
+        return dict(log_step=log_step, A_re=A_re, A_im=A_im, C=C)
+
+    return make
