@@ -1,0 +1,114 @@
+"""One config object per training run: a file (JSON / TOML / YAML) plus `--key=value` overrides.
+
+The whole resolved config is written into the run dir and the training card, so a run can be
+repeated from its card alone. Defaults are the paper's recipe (BiGS §4 / BERT): AdamW with
+β2 0.98, ε 1e-6, weight decay 0.01 (not on biases, norms or SSM parameters), linear warmup then
+linear (or cosine) decay, no gradient clipping; SSM parameters (log_step, A_re, A_im) at 0.1× the
+learning rate, as in the published code.
+"""
+
+from __future__ import annotations
+
+import json
+import tomllib
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class ModelSettings(_Section):
+    """Architecture of a model trained from scratch (ignored when `init_from` is set)."""
+
+    hidden_size: int = 768
+    num_hidden_layers: int = 12
+    intermediate_size: int | None = Field(None, description="default 3 × hidden_size (the paper)")
+    num_ssm: int = 64
+    max_position_embeddings: int = 128
+    hidden_dropout_prob: float = 0.1
+
+
+class DataSettings(_Section):
+    """Where the text comes from (see training/data/)."""
+
+    sources: list[str] = Field(default_factory=lambda: ["linux-doc", "python-doc", "nlp-corpus"])
+    seq_len: int = 128
+    max_docs: int | None = Field(None, description="per source; None = all")
+    cache_dir: str | None = None
+    data_dir: str | None = Field(None, description="prepared shards; default <output_dir>/data")
+    text_column: str = "text"
+    text_pair_column: str | None = None
+    label_column: str = "label"
+    mask_prob: float = 0.15
+
+
+class OptimSettings(_Section):
+    learning_rate: float = 5e-4
+    warmup_steps: int = 1000
+    schedule: Literal["linear", "cosine", "constant"] = "linear"
+    weight_decay: float = 0.01
+    b1: float = 0.9
+    b2: float = 0.98
+    eps: float = 1e-6
+    ssm_lr_scale: float = 0.1
+
+
+class TrainConfig(_Section):
+    stage: Literal["mlm", "extend", "classify"] = "mlm"
+    output_dir: str = "runs/bigs"
+    init_from: str | None = Field(None, description="artifact dir to start from (extend, classify)")
+    model: ModelSettings = Field(default_factory=ModelSettings)
+    data: DataSettings = Field(default_factory=DataSettings)
+    optim: OptimSettings = Field(default_factory=OptimSettings)
+    batch_size: int = Field(32, description="global batch per optimizer step (all devices, all micro-steps)")
+    grad_accum_steps: int = 1
+    num_steps: int = 1000
+    eval_every: int = 200
+    eval_batches: int = 20
+    log_every: int = 10
+    checkpoint_every: int = 200
+    keep_checkpoints: int = 2
+    seed: int = 0
+    dtype: Literal["auto", "float32", "bfloat16"] = Field("auto", description="auto = bf16 on GPU/TPU, fp32 on CPU")
+    progress: bool = True
+
+
+def _parse_value(raw: str):
+    try:
+        return json.loads(raw)
+    except json.JSONDecodeError:
+        return raw  # a bare string
+
+
+def apply_overrides(values: dict, overrides: list[str]) -> dict:
+    """`optim.learning_rate=1e-4`, `data.sources=["kjv","shakespeare"]`, `--num_steps=50`."""
+    for item in overrides:
+        key, sep, raw = item.removeprefix("--").partition("=")
+        if not sep:
+            raise ValueError(f"override {item!r} is not key=value")
+        node = values
+        *parents, leaf = key.replace("-", "_").split(".")
+        for part in parents:
+            node = node.setdefault(part, {})
+        node[leaf] = _parse_value(raw)
+    return values
+
+
+def load_config(path: str | Path | None = None, overrides: list[str] | None = None, **defaults) -> TrainConfig:
+    values: dict = dict(defaults)
+    if path is not None:
+        path = Path(path)
+        text = path.read_text()
+        if path.suffix == ".toml":
+            values.update(tomllib.loads(text))
+        elif path.suffix in (".yaml", ".yml"):
+            import yaml
+
+            values.update(yaml.safe_load(text) or {})
+        else:
+            values.update(json.loads(text))
+    return TrainConfig.model_validate(apply_overrides(values, overrides or []))

@@ -1,0 +1,151 @@
+"""Pure training and evaluation steps: (state, batch, rng) → (state, metrics). Jitted by the trainer.
+
+Gradient accumulation splits the global batch into `accum` micro-batches along a leading axis
+and sums per-example losses before dividing by the global count, so an accumulated step equals
+the full-batch step (up to float addition order), and a sharded step equals a single-device one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import flax
+import jax
+import jax.numpy as jnp
+import optax
+
+from .config import OptimSettings
+
+# Parameters of the S4D kernels: slower learning rate, no weight decay (published recipe).
+SSM_PARAM_NAMES = ("log_step", "A_re", "A_im")
+NO_DECAY_LEAVES = ("bias", "scale", "D", "C") + SSM_PARAM_NAMES
+
+
+@flax.struct.dataclass
+class TrainState:
+    step: jnp.ndarray
+    params: Any
+    opt_state: Any
+
+
+def learning_rate_schedule(optim: OptimSettings, num_steps: int) -> optax.Schedule:
+    warmup = optax.linear_schedule(0.0, optim.learning_rate, max(optim.warmup_steps, 1))
+    decay_steps = max(num_steps - optim.warmup_steps, 1)
+    if optim.schedule == "cosine":
+        decay = optax.cosine_decay_schedule(optim.learning_rate, decay_steps)
+    elif optim.schedule == "linear":
+        decay = optax.linear_schedule(optim.learning_rate, 0.0, decay_steps)
+    else:
+        decay = optax.constant_schedule(optim.learning_rate)
+    return optax.join_schedules([warmup, decay], [optim.warmup_steps])
+
+
+def _leaf_name(path) -> str:
+    last = path[-1]
+    return str(getattr(last, "key", getattr(last, "name", last)))
+
+
+def param_groups(params) -> Any:
+    """'ssm' for the S4D kernel parameters, 'no_decay' for biases/norms/D/C, else 'decay'."""
+
+    def group(path, _):
+        name = _leaf_name(path)
+        if name in SSM_PARAM_NAMES:
+            return "ssm"
+        if name in NO_DECAY_LEAVES or "LayerNorm" in str(path):
+            return "no_decay"
+        return "decay"
+
+    return jax.tree_util.tree_map_with_path(group, params)
+
+
+def make_optimizer(optim: OptimSettings, num_steps: int) -> optax.GradientTransformation:
+    """AdamW (β2 0.98, ε 1e-6), warmup + decay, no clipping; SSM kernels at ssm_lr_scale × lr."""
+    schedule = learning_rate_schedule(optim, num_steps)
+    adamw = lambda lr, wd: optax.adamw(lr, b1=optim.b1, b2=optim.b2, eps=optim.eps, weight_decay=wd)
+    return optax.multi_transform(
+        {
+            "decay": adamw(schedule, optim.weight_decay),
+            "no_decay": adamw(schedule, 0.0),
+            "ssm": adamw(lambda step: schedule(step) * optim.ssm_lr_scale, 0.0),
+        },
+        param_groups,
+    )
+
+
+# ------------------------------------------------------------------------------------------
+# Losses: each returns (sum of per-example losses, number of examples, extra sums for metrics)
+# ------------------------------------------------------------------------------------------
+
+
+def mlm_loss_sums(logits, labels):
+    """Cross-entropy summed over masked positions (labels ≠ −100), and masked-token accuracy."""
+    counted = labels != -100
+    safe_labels = jnp.where(counted, labels, 0)
+    losses = optax.softmax_cross_entropy_with_integer_labels(logits.astype(jnp.float32), safe_labels)
+    correct = (jnp.argmax(logits, axis=-1) == labels) & counted
+    return jnp.sum(losses * counted), jnp.sum(counted), {"correct": jnp.sum(correct)}
+
+
+def classification_loss_sums(logits, labels):
+    """Cross-entropy summed over examples; label −100 marks filler rows that do not count."""
+    counted = labels >= 0
+    losses = optax.softmax_cross_entropy_with_integer_labels(logits.astype(jnp.float32), jnp.where(counted, labels, 0))
+    correct = (jnp.argmax(logits, axis=-1) == labels) & counted
+    return jnp.sum(losses * counted), jnp.sum(counted), {"correct": jnp.sum(correct)}
+
+
+def model_inputs(batch) -> dict:
+    keys = ("input_ids", "attention_mask", "token_type_ids")
+    return {k: batch[k] for k in keys if k in batch}
+
+
+def make_train_step(apply_fn: Callable, loss_sums: Callable, optimizer: optax.GradientTransformation):
+    """A step over a batch whose arrays are shaped (accum, micro_batch, …)."""
+
+    def micro_loss(params, micro, rng):
+        logits = apply_fn({"params": params}, **model_inputs(micro), deterministic=False, rngs={"dropout": rng})
+        loss_sum, count, extra = loss_sums(logits, micro["labels"])
+        return loss_sum, (count, extra)
+
+    grad_fn = jax.value_and_grad(micro_loss, has_aux=True)
+
+    def train_step(state: TrainState, batch, rng):
+        accum = batch["labels"].shape[0]
+        rngs = jax.random.split(jax.random.fold_in(rng, state.step), accum)
+
+        def accumulate(carry, inputs):
+            grads_sum, loss_sum, count, correct = carry
+            micro, micro_rng = inputs
+            (loss, (n, extra)), grads = grad_fn(state.params, micro, micro_rng)
+            grads_sum = jax.tree_util.tree_map(jnp.add, grads_sum, grads)
+            return (grads_sum, loss_sum + loss, count + n, correct + extra["correct"]), None
+
+        zeros = jax.tree_util.tree_map(jnp.zeros_like, state.params)
+        init = (zeros, jnp.float32(0.0), jnp.int32(0), jnp.int32(0))
+        (grads, loss_sum, count, correct), _ = jax.lax.scan(accumulate, init, (batch, rngs))
+        denominator = jnp.maximum(count, 1).astype(jnp.float32)
+        grads = jax.tree_util.tree_map(lambda g: g / denominator, grads)
+        updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
+        params = optax.apply_updates(state.params, updates)
+        metrics = {
+            "loss": loss_sum / denominator,
+            "accuracy": correct / denominator,
+            "grad_norm": optax.global_norm(grads),
+        }
+        return TrainState(step=state.step + 1, params=params, opt_state=opt_state), metrics
+
+    return train_step
+
+
+def make_eval_step(apply_fn: Callable, loss_sums: Callable):
+    """Sums for one evaluation batch (no accumulation axis); the trainer adds them up."""
+
+    def eval_step(params, batch):
+        logits = apply_fn({"params": params}, **model_inputs(batch), deterministic=True)
+        loss_sum, count, extra = loss_sums(logits, batch["labels"])
+        predictions = jnp.argmax(logits, axis=-1)
+        return {"loss_sum": loss_sum, "count": count, "correct": extra["correct"], "predictions": predictions}
+
+    return eval_step
