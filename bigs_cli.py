@@ -1,9 +1,11 @@
 """`bigs` — the command line. Thin: parse, build the config, call one function.
 
-    bigs init OUT_DIR [--task mlm|classification] [--hidden-size …]   a fresh (untrained) artifact dir
-    bigs convert flax-to-torch CKPT.msgpack CONFIG.json OUT_DIR        published Flax → artifact dir
-    bigs convert torch-to-flax ARTIFACT_DIR OUT.msgpack                artifact dir → Flax params
-    bigs bench torch-forward [--lengths 512 4096]                      torch eager latency
+bigs init OUT_DIR [--task mlm|classification] [--hidden-size …]   a fresh (untrained) artifact dir
+bigs convert flax-to-torch CKPT.msgpack CONFIG.json OUT_DIR        published Flax → artifact dir
+bigs convert torch-to-flax ARTIFACT_DIR OUT.msgpack                artifact dir → Flax params
+bigs bench torch-forward [--lengths 512 4096]                      torch eager latency
+bigs export ARTIFACT_DIR OUT_DIR [--buckets 128,256] [--formats onnx,stablehlo] [--quantize int8]
+bigs export --verify OUT_DIR                                       re-hash files, re-measure parity
 """
 
 from __future__ import annotations
@@ -61,6 +63,47 @@ def cmd_convert(args: argparse.Namespace) -> None:
         print(f"wrote {args.destination}")
 
 
+def cmd_export(args: argparse.Namespace) -> None:
+    from export.verify import format_report, verify
+
+    if args.verify:
+        report = verify(args.paths[0], tolerance=args.tolerance)
+        print(format_report(report, Path(args.paths[0])))
+        if not report.ok:
+            sys.exit(1)
+        return
+
+    from export.build import ExportOptions, export_artifact, summary
+
+    options = ExportOptions(
+        buckets=[int(b) for b in args.buckets.split(",")] if args.buckets else None,
+        formats=tuple(f.strip() for f in args.formats.split(",") if f.strip()),
+        quantize=args.quantize,
+        embed_weights=args.embed_weights,
+        tolerance=args.tolerance,
+    )
+    manifest = export_artifact(args.paths[0], args.paths[1], options)
+    print(summary(manifest, args.paths[1]))
+    if not manifest["parity"]["passed"]:
+        print(
+            f"FAILED: parity above tolerance {options.tolerance:g}: {manifest['parity']['breaches']}", file=sys.stderr
+        )
+        sys.exit(1)
+
+
+def cmd_serve(args: argparse.Namespace) -> None:
+    import uvicorn
+
+    from service.app import create_app
+    from service.settings import ServiceSettings
+
+    given = {k: v for k, v in vars(args).items() if k in ServiceSettings.model_fields and v is not None}
+    settings = ServiceSettings(**given)
+    if not settings.models:
+        raise SystemExit("no model: pass --model NAME=EXPORT_DIR (or set BIGS_MODELS)")
+    uvicorn.run(create_app(settings), host=settings.host, port=settings.port, log_level="info")
+
+
 def cmd_bench(args: argparse.Namespace) -> None:
     import runpy
 
@@ -91,6 +134,34 @@ def build_parser() -> argparse.ArgumentParser:
     convert.add_argument("destination", nargs="?", help="artifact dir, or .msgpack file")
     convert.set_defaults(func=cmd_convert)
 
+    export = sub.add_parser(
+        "export",
+        help="export an artifact dir to ONNX / StableHLO per length bucket, or --verify an export dir",
+        description="bigs export ARTIFACT_DIR OUT_DIR [options]  |  bigs export --verify OUT_DIR",
+    )
+    export.add_argument("paths", nargs="+", metavar="DIR", help="ARTIFACT_DIR OUT_DIR, or OUT_DIR with --verify")
+    export.add_argument("--verify", action="store_true", help="re-hash every file and re-measure parity")
+    export.add_argument("--buckets", default=None, help="comma-separated lengths (default 128..4096, capped)")
+    export.add_argument("--formats", default="onnx,stablehlo", help="comma-separated: onnx, stablehlo")
+    export.add_argument("--quantize", choices=["int8"], default=None, help="also write int8 ONNX graphs")
+    export.add_argument("--embed-weights", action="store_true", help="StableHLO: embed weights in each artifact")
+    export.add_argument("--tolerance", type=float, default=1e-4, help="max abs diff to the torch reference")
+    export.set_defaults(func=cmd_export)
+
+    serve = sub.add_parser("serve", help="serve export dirs over HTTP (every option is also a BIGS_* variable)")
+    serve.add_argument("--model", dest="models", action="append", metavar="NAME=EXPORT_DIR")
+    serve.add_argument("--runtime", choices=["onnx", "stablehlo", "torch"])
+    serve.add_argument("--host")
+    serve.add_argument("--port", type=int)
+    serve.add_argument("--max-batch-tokens", type=int)
+    serve.add_argument("--max-batch-size", type=int)
+    serve.add_argument("--max-wait-ms", type=float)
+    serve.add_argument("--max-in-flight", type=int)
+    serve.add_argument("--request-timeout-s", type=float)
+    serve.add_argument("--intra-op-threads", type=int)
+    serve.add_argument("--api-key")
+    serve.set_defaults(func=cmd_serve)
+
     bench = sub.add_parser("bench", help="run a benchmark script from bench/")
     bench.add_argument("which", choices=["torch-forward"])
     bench.add_argument("rest", nargs=argparse.REMAINDER, help="arguments for the benchmark")
@@ -100,6 +171,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> None:
     args = build_parser().parse_args(argv)
+    if args.command == "export" and len(args.paths) != (1 if args.verify else 2):
+        build_parser().error("export needs: ARTIFACT_DIR OUT_DIR, or --verify OUT_DIR")
     if args.command == "convert":
         if args.direction == "flax-to-torch" and not (args.config and args.destination):
             build_parser().error("flax-to-torch needs: CKPT.msgpack CONFIG.json OUT_DIR")

@@ -1,0 +1,149 @@
+"""The FastAPI application: `create_app(settings)` and its lifespan.
+
+Start-up loads every export dir by its manifest (hashes checked), builds the runtime and the
+batcher of each, warms up every (head, bucket, batch) shape the batcher can emit, and only then
+answers ready. Loading runs in the background so /health and /ready answer meanwhile. Shutdown
+(SIGTERM through uvicorn) stops admission, lets in-flight requests finish, then drains the queues.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI, Request
+from fastapi.middleware.cors import CORSMiddleware
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from .errors import ServiceError, error_response, install_handlers
+from .metrics import ServiceMetrics
+from .models import ServedModel
+from .routes import api, ops
+from .settings import ServiceSettings
+
+
+class ServiceState:
+    def __init__(self, settings: ServiceSettings):
+        self.settings = settings
+        self.metrics = ServiceMetrics()
+        self.models: dict[str, ServedModel] = {}
+        self.ready = False
+        self.stopping = False
+        self.load_error: str | None = None
+        self.in_flight = 0
+
+    def model_for(self, name: str | None, task: str) -> ServedModel:
+        if name is not None:
+            model = self.models.get(name)
+            if model is None:
+                raise ServiceError(400, "unknown_model", f"no model named {name!r}; serving {sorted(self.models)}")
+            if task not in model.tasks:
+                raise ServiceError(
+                    400, "unsupported_task", f"model {name!r} does not do {task} (it does {model.tasks})"
+                )
+            return model
+        for model in self.models.values():
+            if task in model.tasks:
+                return model
+        raise ServiceError(400, "unsupported_task", f"no model served here does {task}")
+
+    def load(self) -> None:
+        """Blocking: load every model and warm every shape (runs in a worker thread)."""
+        for name, path in self.settings.model_dirs().items():
+            started = time.perf_counter()
+            model = ServedModel(name, path, self.settings, self.metrics)
+            if self.settings.warmup:
+                model.batcher.warm_up()
+            self.models[name] = model
+            shapes = len(model.batcher.shapes())
+            print(f"loaded {name} from {path}: {shapes} shapes warmed in {time.perf_counter() - started:.1f} s")
+
+
+def create_app(settings: ServiceSettings | None = None) -> FastAPI:
+    settings = settings or ServiceSettings()
+    state = ServiceState(settings)
+
+    async def load_then_ready():
+        try:
+            await asyncio.to_thread(state.load)
+            for model in state.models.values():
+                model.batcher.start()
+            state.ready = not state.stopping
+        except Exception as error:  # reported by /ready; the process stays up to say why
+            state.load_error = f"{type(error).__name__}: {error}"
+            print(f"model loading failed: {state.load_error}")
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI):
+        loading = asyncio.create_task(load_then_ready())
+        yield
+        state.stopping = True
+        state.ready = False  # admission closed: new requests get 503
+        await loading
+        await asyncio.gather(*(m.batcher.stop() for m in state.models.values() if m.batcher.lanes["short"].task))
+
+    app = FastAPI(
+        title="BiGS serving",
+        version="0.1.0",
+        description="Fill-mask, classification, long-document classification and embeddings with BiGS, "
+        "the attention-free bidirectional gated SSM encoder.",
+        lifespan=lifespan,
+    )
+    app.state.service = state
+    install_handlers(app)
+    app.include_router(ops)
+    app.include_router(api)
+    if settings.cors_origins:
+        app.add_middleware(CORSMiddleware, allow_origins=settings.cors_origins, allow_methods=["GET", "POST"],
+                           allow_headers=["Authorization", "Content-Type"])  # fmt: skip
+
+    @app.middleware("http")
+    async def measure(request: Request, call_next):
+        started = time.perf_counter()
+        length = request.headers.get("content-length")
+        if length is not None and (not length.isdigit() or int(length) > settings.max_body_bytes):
+            response = error_response(413, "body_too_large", f"request body over {settings.max_body_bytes} bytes")
+        else:
+            response = await call_next(request)
+        route = request.scope.get("route")
+        endpoint = route.path if route is not None else "unmatched"
+        status = str(response.status_code)
+        state.metrics.requests.labels(endpoint, status).inc()
+        state.metrics.request_latency.labels(endpoint, status).observe(time.perf_counter() - started)
+        return response
+
+    app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
+    return app
+
+
+class BodyLimit:
+    """Refuse bodies over the limit even when sent without Content-Length (chunked)."""
+
+    def __init__(self, app, max_bytes: int):
+        self.app, self.max_bytes = app, max_bytes
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        received = 0
+
+        async def limited_receive():
+            nonlocal received
+            message = await receive()
+            if message["type"] == "http.request":
+                received += len(message.get("body", b""))
+                if received > self.max_bytes:
+                    raise BodyTooLarge(self.max_bytes)
+            return message
+
+        try:
+            await self.app(scope, limited_receive, send)
+        except BodyTooLarge:
+            response = error_response(413, "body_too_large", f"request body over {self.max_bytes} bytes")
+            await response(scope, receive, send)
+
+
+class BodyTooLarge(StarletteHTTPException):
+    def __init__(self, max_bytes: int):
+        super().__init__(413, f"request body over {max_bytes} bytes")

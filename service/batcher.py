@@ -1,0 +1,220 @@
+"""Dynamic batching per model and bucket, with long buckets on a lane of their own.
+
+Each (head, bucket) has a FIFO queue. A lane is one worker thread plus the coroutine that feeds
+it; the short lane serves buckets below `long_bucket_min_length`, the long lane the rest, so a
+4,096-token batch that takes seconds never holds short requests back.
+
+A lane takes the queue whose oldest input has waited longest, then waits until that queue can
+fill a batch (token budget bucket × batch ≤ max_batch_tokens, and max_batch_size) or until
+max_wait_ms have passed since that oldest input arrived, whichever is first. It takes the largest
+power of two of the inputs ready — batch shapes stay within the set that was warmed up — and
+runs them in its worker thread (ONNX Runtime and XLA release the GIL). Inputs whose client has
+gone or whose deadline has passed are dropped before they cost anything.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import deque
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .buckets import batch_sizes, pad_positions, pad_to_bucket
+from .metrics import ServiceMetrics
+from .runtimes import Runtime
+from .settings import ServiceSettings
+from .tokenization import Encoded
+
+
+class DeadlineExceeded(Exception):
+    pass
+
+
+class RuntimeFailure(Exception):
+    pass
+
+
+@dataclass
+class Job:
+    """One input on its way through the queue, carrying its own future and timings."""
+
+    head: str
+    bucket: int
+    encoded: Encoded
+    future: asyncio.Future
+    deadline: float
+    mask_positions: np.ndarray | None = None
+    enqueued: float = field(default_factory=time.perf_counter)
+    queue_s: float = 0.0
+    inference_s: float = 0.0
+    compute_tokens: int = 0
+
+    @property
+    def abandoned(self) -> bool:
+        return self.future.done()  # cancelled by its request (client gone, deadline) or already failed
+
+
+@dataclass
+class Lane:
+    name: str
+    executor: ThreadPoolExecutor
+    wakeup: asyncio.Event = field(default_factory=asyncio.Event)
+    task: asyncio.Task | None = None
+
+
+class ModelBatcher:
+    def __init__(self, model_name: str, runtime: Runtime, settings: ServiceSettings, metrics: ServiceMetrics):
+        self.model_name = model_name
+        self.runtime = runtime
+        self.settings = settings
+        self.metrics = metrics
+        self.queues: dict[tuple[str, int], deque[Job]] = {}
+        self.lanes = {
+            name: Lane(name, ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"{model_name}-{name}"))
+            for name in ("short", "long")
+        }
+        self.stopping = False
+
+    # -- shapes ---------------------------------------------------------------------------
+
+    def lane_for(self, bucket: int) -> Lane:
+        return self.lanes["long" if bucket >= self.settings.long_bucket_min_length else "short"]
+
+    def batch_sizes(self, bucket: int) -> list[int]:
+        return batch_sizes(bucket, self.settings.max_batch_tokens, self.settings.max_batch_size)
+
+    def shapes(self) -> list[tuple[str, int, int]]:
+        """Every (head, bucket, batch) this batcher can emit: what warm-up must cover."""
+        return [(h, b, n) for h in self.runtime.heads for b in self.runtime.buckets for n in self.batch_sizes(b)]
+
+    # -- lifecycle ------------------------------------------------------------------------
+
+    def start(self) -> None:
+        for lane in self.lanes.values():
+            lane.task = asyncio.get_running_loop().create_task(self._serve(lane), name=f"lane-{lane.name}")
+
+    async def stop(self) -> None:
+        """Drain: finish every queued input, then end the lanes."""
+        self.stopping = True
+        for lane in self.lanes.values():
+            lane.wakeup.set()
+        await asyncio.gather(*(lane.task for lane in self.lanes.values() if lane.task))
+        for lane in self.lanes.values():
+            lane.executor.shutdown(wait=True)
+
+    def warm_up(self) -> None:
+        """Run every shape once (blocking; called before the service says ready)."""
+        for head, bucket, batch in self.shapes():
+            inputs = {
+                "input_ids": np.zeros((batch, bucket), np.int64),
+                "attention_mask": np.ones((batch, bucket), np.int64),
+                "token_type_ids": np.zeros((batch, bucket), np.int64),
+            }
+            if head == "fill-mask":
+                inputs["mask_positions"] = np.ones((batch, 1), np.int64)
+            self.runtime.run(head, bucket, inputs)
+
+    # -- the queue ------------------------------------------------------------------------
+
+    def submit(self, job: Job) -> None:
+        if self.stopping:
+            raise RuntimeError("the service is shutting down")
+        self.queues.setdefault((job.head, job.bucket), deque()).append(job)
+        self.metrics.queue_depth.labels(self.model_name, str(job.bucket)).inc()
+        self.lane_for(job.bucket).wakeup.set()
+
+    def _drop_abandoned(self, queue: deque[Job], now: float) -> None:
+        while queue and (queue[0].abandoned or queue[0].deadline <= now):
+            job = queue.popleft()
+            self.metrics.queue_depth.labels(self.model_name, str(job.bucket)).dec()
+            self.metrics.dropped.labels(self.model_name).inc()
+            if not job.future.done():
+                job.future.set_exception(DeadlineExceeded("the request deadline passed while it was queued"))
+
+    def _oldest_queue(self, lane: Lane) -> tuple[str, int] | None:
+        now = time.perf_counter()
+        best, best_time = None, None
+        for key, queue in self.queues.items():
+            if self.lane_for(key[1]) is not lane:
+                continue
+            self._drop_abandoned(queue, now)
+            if queue and (best_time is None or queue[0].enqueued < best_time):
+                best, best_time = key, queue[0].enqueued
+        return best
+
+    async def _serve(self, lane: Lane) -> None:
+        max_wait = self.settings.max_wait_ms / 1000
+        while True:
+            key = self._oldest_queue(lane)
+            if key is None:
+                if self.stopping:
+                    return
+                lane.wakeup.clear()
+                await lane.wakeup.wait()
+                continue
+            queue = self.queues[key]
+            cap = self.batch_sizes(key[1])[-1]
+            fill_by = queue[0].enqueued + max_wait
+            while len(queue) < cap and not self.stopping:
+                remaining = fill_by - time.perf_counter()
+                if remaining <= 0:
+                    break
+                lane.wakeup.clear()
+                try:
+                    await asyncio.wait_for(lane.wakeup.wait(), remaining)
+                except TimeoutError:
+                    break
+            jobs = self._take(queue, cap)
+            if jobs:
+                await self._run(lane, key, jobs)
+
+    def _take(self, queue: deque[Job], cap: int) -> list[Job]:
+        jobs: list[Job] = []
+        while queue and len(jobs) < cap:
+            self._drop_abandoned(queue, time.perf_counter())
+            if not queue:
+                break
+            jobs.append(queue.popleft())
+            self.metrics.queue_depth.labels(self.model_name, str(jobs[-1].bucket)).dec()
+        size = 1 << (len(jobs).bit_length() - 1) if jobs else 0  # largest warmed-up shape ≤ ready inputs
+        for job in reversed(jobs[size:]):  # the rest go back to the front, in order
+            queue.appendleft(job)
+            self.metrics.queue_depth.labels(self.model_name, str(job.bucket)).inc()
+        return jobs[:size]
+
+    async def _run(self, lane: Lane, key: tuple[str, int], jobs: list[Job]) -> None:
+        head, bucket = key
+        inputs = pad_to_bucket([job.encoded for job in jobs], bucket)
+        if head == "fill-mask":
+            width = max(len(job.mask_positions) for job in jobs)
+            inputs["mask_positions"] = pad_positions([job.mask_positions for job in jobs], width)
+        started = time.perf_counter()
+        for job in jobs:
+            job.queue_s = started - job.enqueued
+        labels = (self.model_name, str(bucket))
+        try:
+            outputs = await asyncio.get_running_loop().run_in_executor(
+                lane.executor, self.runtime.run, head, bucket, inputs
+            )
+        except Exception as error:  # a failed batch fails its own requests only
+            self.metrics.runtime_errors.labels(*labels).inc()
+            for job in jobs:
+                if not job.future.done():
+                    job.future.set_exception(RuntimeFailure(f"{type(error).__name__}: {error}"))
+            return
+        elapsed = time.perf_counter() - started
+        self.metrics.batch_size.labels(*labels).observe(len(jobs))
+        self.metrics.bucket_latency.labels(*labels).observe(elapsed)
+        self.metrics.tokens_computed.labels(*labels).inc(bucket * len(jobs))
+        self.metrics.tokens_real.labels(*labels).inc(sum(job.encoded.length for job in jobs))
+        for row, job in enumerate(jobs):
+            job.inference_s = elapsed
+            job.compute_tokens = bucket
+            if not job.future.done():
+                result = outputs[row]
+                if head == "fill-mask":
+                    result = result[: len(job.mask_positions)]
+                job.future.set_result(result)

@@ -1,0 +1,73 @@
+"""Model outputs → wire answers: softmax / sigmoid, top-k, decoded tokens (as transformers does)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .tokenization import RequestTokenizer
+
+
+def softmax(logits: np.ndarray) -> np.ndarray:
+    shifted = logits - logits.max(axis=-1, keepdims=True)
+    exp = np.exp(shifted)
+    return exp / exp.sum(axis=-1, keepdims=True)
+
+
+def sigmoid(logits: np.ndarray) -> np.ndarray:
+    return 1.0 / (1.0 + np.exp(-logits))
+
+
+def default_function(problem_type: str | None, num_labels: int) -> str:
+    """transformers' rule: sigmoid for multi-label or single-output models, else softmax."""
+    if problem_type == "multi_label_classification" or num_labels == 1:
+        return "sigmoid"
+    return "softmax"
+
+
+def classification_scores(logits: np.ndarray, id2label: dict[int, str], function: str, top_k: int | None) -> list[dict]:
+    if function == "softmax":
+        scores = softmax(logits.astype(np.float64))
+    elif function == "sigmoid":
+        scores = sigmoid(logits.astype(np.float64))
+    else:
+        scores = logits.astype(np.float64)
+    order = np.argsort(-scores, kind="stable")
+    if top_k is not None:
+        order = order[:top_k]
+    return [{"label": id2label[int(i)], "score": float(scores[i])} for i in order]
+
+
+def fill_mask_candidates(
+    logits: np.ndarray,
+    input_ids: np.ndarray,
+    mask_position: int,
+    tokenizer: RequestTokenizer,
+    top_k: int,
+    target_ids: list[int] | None,
+) -> list[dict]:
+    """Candidates for one [MASK]: probabilities over the whole vocabulary, then the top_k (of the
+    targets, when given); `sequence` is the input with this mask filled, special tokens dropped."""
+    probs = softmax(logits.astype(np.float64))
+    if target_ids is not None:
+        candidates = np.asarray(target_ids)
+        order = candidates[np.argsort(-probs[candidates], kind="stable")][:top_k]
+    else:
+        order = np.argsort(-probs, kind="stable")[:top_k]
+    results = []
+    for token_id in order:
+        filled = input_ids.copy()
+        filled[mask_position] = token_id
+        results.append(
+            {
+                "sequence": tokenizer.decode(filled),
+                "score": float(probs[token_id]),
+                "token": int(token_id),
+                "token_str": tokenizer.decode([token_id], skip_special_tokens=False),
+            }
+        )
+    return results
+
+
+def l2_normalize(vectors: np.ndarray) -> np.ndarray:
+    norms = np.linalg.norm(vectors, axis=-1, keepdims=True)
+    return vectors / np.maximum(norms, 1e-12)

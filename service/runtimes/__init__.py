@@ -1,0 +1,45 @@
+"""Runtimes: what runs one padded batch of one (head, bucket). One protocol, three engines.
+
+- onnx      ONNX Runtime over the export dir's per-bucket graphs (default; CPU, or CUDA when the
+            CUDA provider is installed), weights mapped once and shared by every bucket.
+- stablehlo the export dir's `jax.export` artifacts, called with no model code.
+- torch     the torch model of the artifact itself, eager: the reference the others are measured
+            against (needs the `torch` extra).
+
+Heads are the manifest's tasks: "fill-mask" (logits at `mask_positions`), "classification"
+(logits), "embeddings" (mean of the last hidden state over real tokens).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Protocol
+
+import numpy as np
+
+
+class Runtime(Protocol):
+    kind: str
+    heads: list[str]
+    buckets: list[int]
+
+    def run(self, head: str, bucket: int, inputs: dict[str, np.ndarray]) -> np.ndarray:
+        """inputs: input_ids, attention_mask, token_type_ids (B, bucket) int64, and for fill-mask
+        mask_positions (B, P) int64. Returns (B, P, vocab) | (B, num_labels) | (B, d) float32."""
+        ...
+
+
+def load_runtime(kind: str, export_dir: str | Path, manifest: dict, intra_op_threads: int = 0) -> Runtime:
+    if kind == "onnx":
+        from .onnx import OnnxRuntime
+
+        return OnnxRuntime(export_dir, manifest, intra_op_threads)
+    if kind == "stablehlo":
+        from .stablehlo import StableHLORuntime
+
+        return StableHLORuntime(export_dir, manifest)
+    if kind == "torch":
+        from .torch_eager import TorchRuntime
+
+        return TorchRuntime(export_dir, manifest, intra_op_threads)
+    raise ValueError(f"unknown runtime {kind!r}: onnx, stablehlo or torch")

@@ -1,0 +1,136 @@
+"""Request and response bodies, in wire formats clients already speak.
+
+Requests are `{"inputs": …, "parameters": {…}, "model": optional name}` as in the Hugging Face
+Inference API. Fill-mask answers `[{"sequence","score","token","token_str"}]`, classification
+answers `[{"label","score"}]` sorted by score, as `transformers.pipeline` does. Truncation follows
+TEI: `truncate` (default false) cuts inputs longer than the model instead of answering 413.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+
+class _Body(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class TextPair(_Body):
+    text: str
+    text_pair: str | None = None
+
+
+def _not_blank(text: str) -> str:
+    if not text.strip():
+        raise ValueError("text is empty")
+    return text
+
+
+class FillMaskParameters(_Body):
+    top_k: int = Field(5, ge=1, le=100, description="candidates per [MASK]")
+    targets: list[str] | str | None = Field(None, description="score only these candidate words")
+
+
+class FillMaskRequest(_Body):
+    inputs: str | list[str] = Field(..., description="text with one or more [MASK] tokens, or a list of texts")
+    parameters: FillMaskParameters = Field(default_factory=FillMaskParameters)
+    model: str | None = None
+
+    @field_validator("inputs")
+    @classmethod
+    def check_inputs(cls, value):
+        for text in [value] if isinstance(value, str) else value:
+            _not_blank(text)
+        if isinstance(value, list) and not value:
+            raise ValueError("inputs is an empty list")
+        return value
+
+
+class ClassifyParameters(_Body):
+    top_k: int | None = Field(None, ge=1, description="labels to return; default all, sorted by score")
+    function_to_apply: Literal["softmax", "sigmoid", "none"] | None = Field(
+        None, description="default: sigmoid for multi-label or single-output models, else softmax"
+    )
+    truncate: bool = Field(False, description="cut inputs longer than the model instead of answering 413")
+
+
+ClassifyInput = str | TextPair
+
+
+class ClassifyRequest(_Body):
+    inputs: ClassifyInput | list[ClassifyInput]
+    parameters: ClassifyParameters = Field(default_factory=ClassifyParameters)
+    model: str | None = None
+
+    @field_validator("inputs")
+    @classmethod
+    def check_inputs(cls, value):
+        items = value if isinstance(value, list) else [value]
+        if not items:
+            raise ValueError("inputs is an empty list")
+        for item in items:
+            _not_blank(item if isinstance(item, str) else item.text)
+        return value
+
+
+class DocumentClassifyRequest(ClassifyRequest):
+    """Whole documents up to the model's longest bucket (4,096 tokens), in one forward pass.
+    `text_pair` is an optional short query placed after the document."""
+
+
+class EmbedParameters(_Body):
+    normalize: bool = Field(True, description="L2-normalise each embedding")
+    truncate: bool = False
+
+
+class EmbedRequest(_Body):
+    inputs: str | list[str]
+    parameters: EmbedParameters = Field(default_factory=EmbedParameters)
+    model: str | None = None
+
+    @field_validator("inputs")
+    @classmethod
+    def check_inputs(cls, value):
+        items = [value] if isinstance(value, str) else value
+        if not items:
+            raise ValueError("inputs is an empty list")
+        for text in items:
+            _not_blank(text)
+        return value
+
+
+class FillMaskCandidate(BaseModel):
+    sequence: str
+    score: float
+    token: int
+    token_str: str
+
+
+class LabelScore(BaseModel):
+    label: str
+    score: float
+
+
+class EmbedResponse(BaseModel):
+    embeddings: list[list[float]]
+    dimensions: int
+
+
+class ModelCard(BaseModel):
+    name: str
+    tasks: list[str]
+    labels: list[str] | None
+    max_length: int
+    buckets: list[int]
+    runtime: str
+
+
+class ModelsResponse(BaseModel):
+    models: list[ModelCard]
+
+
+class ErrorBody(BaseModel):
+    error: str
+    error_type: str
