@@ -85,7 +85,7 @@ def mlm_loss_sums(logits, labels):
     safe_labels = jnp.where(counted, labels, 0)
     losses = optax.softmax_cross_entropy_with_integer_labels(logits.astype(jnp.float32), safe_labels)
     correct = (jnp.argmax(logits, axis=-1) == labels) & counted
-    return jnp.sum(losses * counted), jnp.sum(counted), {"correct": jnp.sum(correct)}
+    return jnp.sum(jnp.where(counted, losses, 0.0)), jnp.sum(counted), {"correct": jnp.sum(correct)}
 
 
 def classification_loss_sums(logits, labels):
@@ -93,7 +93,7 @@ def classification_loss_sums(logits, labels):
     counted = labels >= 0
     losses = optax.softmax_cross_entropy_with_integer_labels(logits.astype(jnp.float32), jnp.where(counted, labels, 0))
     correct = (jnp.argmax(logits, axis=-1) == labels) & counted
-    return jnp.sum(losses * counted), jnp.sum(counted), {"correct": jnp.sum(correct)}
+    return jnp.sum(jnp.where(counted, losses, 0.0)), jnp.sum(counted), {"correct": jnp.sum(correct)}
 
 
 def model_inputs(batch) -> dict:

@@ -155,6 +155,8 @@ class Trainer:
         start = int(jax.device_get(state.step))
         if start == 0 and self.metrics_path.exists():
             self.metrics_path.unlink()
+        if start == 0:  # the curve starts where the model starts
+            self.log({"step": 0, **self.evaluate(state.params)})
         started = time.perf_counter()
         try:
             state, last_eval, tokens_seen = self._loop(state, start, started)

@@ -1,0 +1,64 @@
+"""Artifact dirs in and out of training: the only contract between training, export and serving.
+
+An artifact dir is a Hugging Face `save_pretrained` dir — config.json, model.safetensors (torch
+layout, written from Flax params through model/convert.py, no torch needed), tokenizer files —
+plus training_card.json: what data went in, how it was split, how long it trained, on what, and
+the held-out numbers.
+"""
+
+from __future__ import annotations
+
+import json
+import platform
+from pathlib import Path
+
+import jax
+import numpy as np
+
+from model.configuration_bigs import BiGSConfig
+from model.convert import flax_to_torch, load_torch_safetensors, save_torch_safetensors, torch_to_flax
+from model.tokenizer import save_tokenizer
+
+CARD = "training_card.json"
+
+
+def load_artifact(artifact_dir: str | Path) -> tuple[BiGSConfig, dict]:
+    """(config, Flax params as numpy) of an artifact dir or a published torch checkpoint dir."""
+    artifact_dir = Path(artifact_dir)
+    config = BiGSConfig.from_pretrained(str(artifact_dir))
+    weights = artifact_dir / "model.safetensors"
+    if not weights.is_file():
+        raise FileNotFoundError(f"{weights} not found (artifact dirs carry safetensors weights)")
+    return config, torch_to_flax(load_torch_safetensors(weights))
+
+
+def write_artifact(
+    out_dir: str | Path,
+    config: BiGSConfig,
+    params,
+    architecture: str,
+    card: dict,
+    tokenizer=None,
+) -> Path:
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    config.architectures = [architecture]
+    config.save_pretrained(str(out_dir))
+    host_params = jax.tree_util.tree_map(lambda x: np.asarray(x, dtype=np.float32), jax.device_get(params))
+    save_torch_safetensors(flax_to_torch(host_params), out_dir / "model.safetensors")
+    save_tokenizer(out_dir, tokenizer, model_max_length=config.max_position_embeddings)
+    (out_dir / CARD).write_text(json.dumps(card, indent=1, default=str) + "\n")
+    return out_dir
+
+
+def device_description() -> dict:
+    devices = jax.devices()
+    return {
+        "backend": jax.default_backend(),
+        "device_count": len(devices),
+        "device_kind": devices[0].device_kind,
+        "process_count": jax.process_count(),
+        "host": platform.node(),
+        "python": platform.python_version(),
+        "jax": jax.__version__,
+    }

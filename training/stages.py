@@ -1,0 +1,271 @@
+"""The paper's three stages, each: data → model → trainer → artifact dir.
+
+mlm       masked-LM pretraining from scratch at a short length (128)
+extend    continued MLM pretraining at a longer length (512 … 4096) from a shorter artifact:
+          position embeddings grow by tiling the learned ones (the Longformer protocol the
+          paper follows), so the model behaves exactly as before on short inputs at step 0
+classify  fine-tuning a sequence classifier from an MLM artifact (single texts or pairs,
+          documents up to 4,096 tokens)
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import jax
+import numpy as np
+
+from model.configuration_bigs import BiGSConfig
+from model.modeling_flax_bigs import FlaxBiGSForMaskedLMModule, FlaxBiGSForSequenceClassificationModule, init_params
+from model.tokenizer import bert_uncased_tokenizer
+from training.data import MaskingConfig, build_corpus, build_labelled, mask_tokens, open_split, repack
+from training.data.packing import BatchOrder
+
+from .artifact import device_description, load_artifact, write_artifact
+from .config import TrainConfig
+from .metrics import classification_report, majority_baseline
+from .steps import classification_loss_sums, mlm_loss_sums
+from .trainer import Trainer, TrainTask, compute_dtype, maybe_initialize_distributed, plot_curves
+
+# ------------------------------------------------------------------------------------------
+# Parameters
+# ------------------------------------------------------------------------------------------
+
+
+def extend_positions(params: dict, new_length: int) -> dict:
+    """Tile the learned position embeddings up to `new_length` rows (rows [0, old) unchanged)."""
+    params = jax.tree_util.tree_map(np.asarray, params)
+    table = params["s4_bert"]["embeddings"]["position_embeddings"]["embedding"]  # (old, d)
+    old = table.shape[0]
+    if new_length <= old:
+        return params
+    tiled = np.tile(table, (-(-new_length // old), 1))[:new_length]  # (new, d)
+    params["s4_bert"]["embeddings"]["position_embeddings"]["embedding"] = tiled
+    return params
+
+
+def restrict_to(params: dict, template: dict) -> dict:
+    """Keep only the branches the module has (an MLM tree from torch carries an unused pooler)."""
+    return {k: restrict_to(params[k], v) if isinstance(v, dict) else params[k] for k, v in template.items()}
+
+
+def backbone_from(source: dict, fresh: dict) -> dict:
+    """A classifier's params: the MLM backbone where it has one, fresh init for pooler/classifier."""
+    merged = jax.tree_util.tree_map(np.asarray, fresh)
+    for key, value in source["s4_bert"].items():
+        merged["s4_bert"][key] = jax.tree_util.tree_map(np.asarray, value)
+    return merged
+
+
+# ------------------------------------------------------------------------------------------
+# Data → batch sources
+# ------------------------------------------------------------------------------------------
+
+
+def mlm_batch_source(split, batch_size: int, masking: MaskingConfig, seed: int):
+    order = split.order(batch_size, seed=seed)
+
+    def batch_at(step: int) -> dict[str, np.ndarray]:
+        _, rows = order.indices(step)
+        ids = split[rows].astype(np.int32)  # (B, L), stored as uint16
+        masked = mask_tokens(ids, masking, seed, step)
+        return {
+            "input_ids": masked["input_ids"],
+            "attention_mask": (ids != masking.pad_id).astype(np.int32),
+            "token_type_ids": np.zeros_like(masked["input_ids"]),
+            "labels": masked["labels"],
+        }
+
+    return batch_at
+
+
+def mlm_eval_batches(split, batch_size: int, masking: MaskingConfig, seed: int, max_batches: int):
+    """The same masked held-out batches at every evaluation (fixed rows, fixed masks)."""
+    n = min(len(split), batch_size * max_batches)
+    held_out_seed = seed + 7919
+
+    def batches():
+        for i, start in enumerate(range(0, n, batch_size)):
+            ids = split[np.arange(start, min(start + batch_size, n))].astype(np.int32)
+            masked = mask_tokens(ids, masking, held_out_seed, i)
+            yield {
+                "input_ids": masked["input_ids"],
+                "attention_mask": (ids != masking.pad_id).astype(np.int32),
+                "token_type_ids": np.zeros_like(masked["input_ids"]),
+                "labels": masked["labels"],
+            }
+
+    return batches
+
+
+def labelled_batch_source(split, batch_size: int, seed: int):
+    order = BatchOrder(len(split), batch_size, seed)
+
+    def batch_at(step: int) -> dict[str, np.ndarray]:
+        _, rows = order.indices(step)
+        arrays = split.take(rows)
+        return {k: arrays[k] for k in ("input_ids", "attention_mask", "token_type_ids", "labels")}
+
+    return batch_at
+
+
+def labelled_eval_batches(split, batch_size: int):
+    def batches():
+        for start in range(0, len(split), batch_size):
+            arrays = split.take(np.arange(start, min(start + batch_size, len(split))))
+            yield {k: arrays[k] for k in ("input_ids", "attention_mask", "token_type_ids", "labels")}
+
+    return batches
+
+
+# ------------------------------------------------------------------------------------------
+# Stages
+# ------------------------------------------------------------------------------------------
+
+
+def run(config: TrainConfig) -> Path:
+    maybe_initialize_distributed()
+    started = time.time()
+    if config.stage == "classify":
+        return _classify(config, started)
+    return _masked_lm(config, started)
+
+
+def _model_config(config: TrainConfig, vocab_size: int) -> BiGSConfig:
+    m = config.model
+    return BiGSConfig(
+        vocab_size=vocab_size,
+        hidden_size=m.hidden_size,
+        num_hidden_layers=m.num_hidden_layers,
+        intermediate_size=m.intermediate_size or 3 * m.hidden_size,
+        num_ssm=m.num_ssm,
+        max_position_embeddings=max(m.max_position_embeddings, config.data.seq_len),
+        hidden_dropout_prob=m.hidden_dropout_prob,
+    )
+
+
+def _masked_lm(config: TrainConfig, started: float) -> Path:
+    out = Path(config.output_dir)
+    seq_len = config.data.seq_len
+    data_dir = Path(config.data.data_dir or out / "data")
+    if config.stage == "extend":
+        if not config.init_from:
+            raise ValueError("stage extend needs init_from: the shorter artifact to continue from")
+        model_config, source_params = load_artifact(config.init_from)
+        old_length = model_config.max_position_embeddings
+        model_config.max_position_embeddings = max(old_length, seq_len)
+        start_params = extend_positions(source_params, model_config.max_position_embeddings)
+    else:
+        model_config, start_params, old_length = None, None, None
+    tokenizer = bert_uncased_tokenizer(model_max_length=max(seq_len, 512))
+    data_card = build_corpus(
+        config.data.sources, data_dir, seq_len=seq_len, max_docs=config.data.max_docs, seed=config.seed,
+        cache_dir=config.data.cache_dir, tokenizer=tokenizer,
+    )  # fmt: skip
+    if str(seq_len) not in data_card["packed"]:
+        data_card = repack(data_dir, seq_len, tokenizer)
+    train_split = open_split(data_dir, "train", seq_len)
+    eval_split = open_split(data_dir, "validation", seq_len)
+    if model_config is None:
+        model_config = _model_config(config, len(tokenizer))
+    module = FlaxBiGSForMaskedLMModule(model_config, dtype=compute_dtype(config.dtype))
+    fresh = init_params(module, seed=config.seed)
+    params = fresh if start_params is None else restrict_to(start_params, fresh)
+    masking = MaskingConfig.from_tokenizer(tokenizer, mlm_probability=config.data.mask_prob)
+    task = TrainTask(
+        apply_fn=module.apply,
+        params=params,
+        loss_sums=mlm_loss_sums,
+        train_batch=mlm_batch_source(train_split, config.batch_size, masking, config.seed),
+        eval_batches=mlm_eval_batches(eval_split, config.batch_size, masking, config.seed, config.eval_batches),
+    )
+    trainer = Trainer(config, task)
+    held_out = trainer.fit()
+    card = _card(config, trainer, data_card, held_out, started)
+    if config.stage == "extend":
+        card["extended_from"] = {"artifact": str(config.init_from), "max_position_embeddings": old_length}
+    return _finish(config, trainer, model_config, "BiGSForMaskedLM", card, tokenizer)
+
+
+def _classify(config: TrainConfig, started: float) -> Path:
+    if not config.init_from:
+        raise ValueError("stage classify needs init_from: an MLM artifact dir")
+    out = Path(config.output_dir)
+    data_dir = Path(config.data.data_dir or out / "data")
+    model_config, source_params = load_artifact(config.init_from)
+    max_length = min(config.data.seq_len, model_config.max_position_embeddings)
+    tokenizer = bert_uncased_tokenizer(model_max_length=model_config.max_position_embeddings)
+    if len(config.data.sources) != 1:
+        raise ValueError(f"stage classify takes one labelled source, got {config.data.sources}")
+    options = {}
+    if config.data.text_pair_column or config.data.label_column != "label" or config.data.text_column != "text":
+        options = {"text_field": config.data.text_column, "label_field": config.data.label_column}
+        if config.data.text_pair_column:
+            options["text_pair_field"] = config.data.text_pair_column
+    data_card = build_labelled(
+        config.data.sources[0], data_dir, max_length=max_length, seed=config.seed, max_docs=config.data.max_docs,
+        cache_dir=config.data.cache_dir, tokenizer=tokenizer, options=options,
+    )  # fmt: skip
+    id2label = {int(k): v for k, v in data_card["id2label"].items()}
+    model_config.num_labels = len(id2label)
+    model_config.id2label = id2label
+    model_config.label2id = {v: k for k, v in id2label.items()}
+    model_config.problem_type = "single_label_classification"
+    model_config.hidden_dropout_prob = config.model.hidden_dropout_prob
+    module = FlaxBiGSForSequenceClassificationModule(model_config, dtype=compute_dtype(config.dtype))
+    params = backbone_from(source_params, init_params(module, seed=config.seed))
+    train_split, eval_split = open_split(data_dir, "train"), open_split(data_dir, "validation")
+    num_labels = len(id2label)
+
+    def eval_metrics(outputs: list[dict]) -> dict:
+        labels = np.concatenate([o["labels"] for o in outputs])
+        predictions = np.concatenate([o["predictions"] for o in outputs])
+        report = classification_report(labels, predictions, num_labels)
+        return {f"eval_{k}": v for k, v in report.items()}
+
+    task = TrainTask(
+        apply_fn=module.apply,
+        params=params,
+        loss_sums=classification_loss_sums,
+        train_batch=labelled_batch_source(train_split, config.batch_size, config.seed),
+        eval_batches=labelled_eval_batches(eval_split, config.batch_size),
+        eval_metrics=eval_metrics,
+    )
+    trainer = Trainer(config, task)
+    held_out = trainer.fit()
+    # The test split is scored once, at the end, next to the majority-class baseline.
+    test_split = open_split(data_dir, "test")
+    test_task_batches = labelled_eval_batches(test_split, config.batch_size)
+    trainer.task = TrainTask(**{**task.__dict__, "eval_batches": test_task_batches})
+    test = {k.replace("eval_", "test_"): v for k, v in trainer.evaluate(trainer.state.params).items()}
+    baseline = majority_baseline(
+        np.asarray(train_split.arrays["labels"]), np.asarray(test_split.arrays["labels"]), num_labels
+    )
+    card = _card(config, trainer, data_card, {**held_out, **test}, started)
+    card["majority_baseline_test"] = baseline
+    card["fine_tuned_from"] = str(config.init_from)
+    return _finish(config, trainer, model_config, "BiGSForSequenceClassification", card, tokenizer)
+
+
+def _card(config: TrainConfig, trainer: Trainer, data_card: dict, held_out: dict, started: float) -> dict:
+    return {
+        "stage": config.stage,
+        "config": config.model_dump(),
+        "data": data_card,
+        "steps": config.num_steps,
+        "tokens_seen": trainer.tokens_seen,
+        "tokens_per_s": trainer.tokens_seen / max(trainer.wall_time_s, 1e-9),
+        "train_wall_time_s": trainer.wall_time_s,
+        "wall_time_s": time.time() - started,
+        "held_out": held_out,
+        "device": device_description(),
+    }
+
+
+def _finish(config: TrainConfig, trainer: Trainer, model_config, architecture: str, card: dict, tokenizer) -> Path:
+    out = Path(config.output_dir)
+    plot_curves(trainer.metrics_path, out / "curves.png")
+    artifact = write_artifact(out / "artifact", model_config, trainer.final_params(), architecture, card, tokenizer)
+    print(f"wrote {artifact}; held-out: {card['held_out']}")
+    return artifact
