@@ -1,5 +1,7 @@
 """`bigs` — the command line. Thin: parse, build the config, call one function.
 
+bigs train mlm|extend|classify [--config FILE] [key=value …]       train in JAX → artifact dir
+bigs serve --model NAME=EXPORT_DIR [--runtime onnx|stablehlo|torch]  serve over HTTP
 bigs init OUT_DIR [--task mlm|classification] [--hidden-size …]   a fresh (untrained) artifact dir
 bigs convert flax-to-torch CKPT.msgpack CONFIG.json OUT_DIR        published Flax → artifact dir
 bigs convert torch-to-flax ARTIFACT_DIR OUT.msgpack                artifact dir → Flax params
@@ -12,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import signal
 import sys
 from pathlib import Path
 
@@ -35,6 +38,14 @@ def cmd_init(args: argparse.Namespace) -> None:
     model_class(config).save_pretrained(args.out_dir)
     save_tokenizer(args.out_dir, model_max_length=args.max_length)
     print(f"wrote an untrained {model_class.__name__} to {args.out_dir}")
+
+
+def cmd_train(args: argparse.Namespace) -> None:
+    from training.config import load_config
+    from training.stages import run
+
+    config = load_config(args.config, args.overrides, stage=args.stage)
+    run(config)
 
 
 def cmd_convert(args: argparse.Namespace) -> None:
@@ -101,6 +112,9 @@ def cmd_serve(args: argparse.Namespace) -> None:
     settings = ServiceSettings(**given)
     if not settings.models:
         raise SystemExit("no model: pass --model NAME=EXPORT_DIR (or set BIGS_MODELS)")
+    # On SIGTERM uvicorn stops admission, drains, then re-raises the signal, which would end the process
+    # with -15 after a clean shutdown; exit 0 instead (what supervisors read as "stopped cleanly").
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     uvicorn.run(create_app(settings), host=settings.host, port=settings.port, log_level="info")
 
 
@@ -126,6 +140,17 @@ def build_parser() -> argparse.ArgumentParser:
     init.add_argument("--labels", default=None, help="comma-separated class names (classification)")
     init.add_argument("--seed", type=int, default=0)
     init.set_defaults(func=cmd_init)
+
+    train = sub.add_parser(
+        "train",
+        help="train in JAX: mlm (pretraining), extend (longer inputs), classify (fine-tuning)",
+        description="Settings come from --config (JSON/TOML/YAML) and key=value overrides, e.g. "
+        "bigs train mlm --config run.toml optim.learning_rate=1e-4 data.sources='[\"kjv\"]'",
+    )
+    train.add_argument("stage", choices=["mlm", "extend", "classify"])
+    train.add_argument("--config", default=None, help="run config file (JSON, TOML or YAML)")
+    train.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="e.g. num_steps=1000 output_dir=runs/x")
+    train.set_defaults(func=cmd_train)
 
     convert = sub.add_parser("convert", help="weights between published Flax checkpoints and artifact dirs")
     convert.add_argument("direction", choices=["flax-to-torch", "torch-to-flax"])

@@ -63,19 +63,30 @@ def backbone_from(source: dict, fresh: dict) -> dict:
 # ------------------------------------------------------------------------------------------
 
 
+def max_predictions(seq_len: int, mask_prob: float) -> int:
+    """Room for every masked position of a full sequence (rounded up to a multiple of 8)."""
+    return -(-int(np.ceil(seq_len * mask_prob + 1)) // 8) * 8
+
+
+def masked_batch(ids: np.ndarray, masking: MaskingConfig, seed: int, step: int) -> dict[str, np.ndarray]:
+    """An MLM batch that asks for logits only at the masked positions (B, P)."""
+    predictions = max_predictions(ids.shape[1], masking.mlm_probability)
+    masked = mask_tokens(ids, masking, seed, step, max_predictions=predictions)
+    return {
+        "input_ids": masked["input_ids"],
+        "attention_mask": (ids != masking.pad_id).astype(np.int32),
+        "token_type_ids": np.zeros_like(masked["input_ids"]),
+        "logits_positions": masked["mlm_positions"],
+        "labels": masked["mlm_ids"],  # −100 where a row has fewer than P masked tokens
+    }
+
+
 def mlm_batch_source(split, batch_size: int, masking: MaskingConfig, seed: int):
     order = split.order(batch_size, seed=seed)
 
     def batch_at(step: int) -> dict[str, np.ndarray]:
         _, rows = order.indices(step)
-        ids = split[rows].astype(np.int32)  # (B, L), stored as uint16
-        masked = mask_tokens(ids, masking, seed, step)
-        return {
-            "input_ids": masked["input_ids"],
-            "attention_mask": (ids != masking.pad_id).astype(np.int32),
-            "token_type_ids": np.zeros_like(masked["input_ids"]),
-            "labels": masked["labels"],
-        }
+        return masked_batch(split[rows].astype(np.int32), masking, seed, step)  # stored as uint16
 
     return batch_at
 
@@ -88,13 +99,7 @@ def mlm_eval_batches(split, batch_size: int, masking: MaskingConfig, seed: int, 
     def batches():
         for i, start in enumerate(range(0, n, batch_size)):
             ids = split[np.arange(start, min(start + batch_size, n))].astype(np.int32)
-            masked = mask_tokens(ids, masking, held_out_seed, i)
-            yield {
-                "input_ids": masked["input_ids"],
-                "attention_mask": (ids != masking.pad_id).astype(np.int32),
-                "token_type_ids": np.zeros_like(masked["input_ids"]),
-                "labels": masked["labels"],
-            }
+            yield masked_batch(ids, masking, held_out_seed, i)
 
     return batches
 

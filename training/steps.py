@@ -97,7 +97,10 @@ def classification_loss_sums(logits, labels):
 
 
 def model_inputs(batch) -> dict:
-    keys = ("input_ids", "attention_mask", "token_type_ids")
+    """The model's inputs from a batch. MLM batches may carry `logits_positions` (B, P): the masked
+    positions, so the (d × vocab) head runs on 15% of the tokens instead of all of them; their
+    `labels` are then (B, P) too."""
+    keys = ("input_ids", "attention_mask", "token_type_ids", "logits_positions")
     return {k: batch[k] for k in keys if k in batch}
 
 
