@@ -12,9 +12,8 @@ import asyncio
 import time
 from contextlib import asynccontextmanager
 
-from fastapi import FastAPI, Request
+from fastapi import FastAPI
 from fastapi.middleware.cors import CORSMiddleware
-from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from .errors import ServiceError, error_response, install_handlers
 from .metrics import ServiceMetrics
@@ -34,6 +33,8 @@ class ServiceState:
         self.in_flight = 0
 
     def model_for(self, name: str | None, task: str) -> ServedModel:
+        if not self.ready:  # models appear one by one during warm-up: say "not ready", not "unknown model"
+            raise ServiceError(503, "not_ready", "the service is starting or shutting down", {"Retry-After": "1"})
         if name is not None:
             model = self.models.get(name)
             if model is None:
@@ -98,27 +99,47 @@ def create_app(settings: ServiceSettings | None = None) -> FastAPI:
         app.add_middleware(CORSMiddleware, allow_origins=settings.cors_origins, allow_methods=["GET", "POST"],
                            allow_headers=["Authorization", "Content-Type"])  # fmt: skip
 
-    @app.middleware("http")
-    async def measure(request: Request, call_next):
-        started = time.perf_counter()
-        length = request.headers.get("content-length")
-        if length is not None and (not length.isdigit() or int(length) > settings.max_body_bytes):
-            response = error_response(413, "body_too_large", f"request body over {settings.max_body_bytes} bytes")
-        else:
-            response = await call_next(request)
-        route = request.scope.get("route")
-        endpoint = route.path if route is not None else "unmatched"
-        status = str(response.status_code)
-        state.metrics.requests.labels(endpoint, status).inc()
-        state.metrics.request_latency.labels(endpoint, status).observe(time.perf_counter() - started)
-        return response
-
     app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
+    app.add_middleware(Measure, metrics=state.metrics)  # outermost: counts every answer, 413s included
     return app
 
 
+class Measure:
+    """Request count and latency per endpoint and status.
+
+    Plain ASGI, not `@app.middleware("http")`: that wraps `receive` in a way that hides the client's
+    disconnect from `Request.is_disconnected()`, so queued work of a client that left was computed anyway."""
+
+    def __init__(self, app, metrics: ServiceMetrics):
+        self.app, self.metrics = app, metrics
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        started = time.perf_counter()
+        status = 500  # unless a response starts
+
+        async def send_status(message):
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_status)
+        finally:
+            route = scope.get("route")
+            endpoint = route.path if route is not None else "unmatched"
+            self.metrics.requests.labels(endpoint, str(status)).inc()
+            self.metrics.request_latency.labels(endpoint, str(status)).observe(time.perf_counter() - started)
+
+
 class BodyLimit:
-    """Refuse bodies over the limit even when sent without Content-Length (chunked)."""
+    """Refuse bodies over the limit, by Content-Length or, when sent without one (chunked), by the bytes.
+
+    The body is read here, up to the limit, before the app sees it, then handed on in one piece:
+    an exception raised from inside the app's `receive` would reach FastAPI's body parser and come
+    out as a 400, not a 413."""
 
     def __init__(self, app, max_bytes: int):
         self.app, self.max_bytes = app, max_bytes
@@ -126,24 +147,27 @@ class BodyLimit:
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
-        received = 0
-
-        async def limited_receive():
-            nonlocal received
+        too_large = error_response(413, "body_too_large", f"request body over {self.max_bytes} bytes")
+        length = dict(scope["headers"]).get(b"content-length")
+        if length is not None and (not length.isdigit() or int(length) > self.max_bytes):
+            return await too_large(scope, receive, send)
+        body = bytearray()
+        while True:
             message = await receive()
-            if message["type"] == "http.request":
-                received += len(message.get("body", b""))
-                if received > self.max_bytes:
-                    raise BodyTooLarge(self.max_bytes)
-            return message
+            if message["type"] != "http.request":  # the client left before its body was in
+                return
+            body += message.get("body", b"")
+            if len(body) > self.max_bytes:
+                return await too_large(scope, receive, send)
+            if not message.get("more_body", False):
+                break
+        replayed = False
 
-        try:
-            await self.app(scope, limited_receive, send)
-        except BodyTooLarge:
-            response = error_response(413, "body_too_large", f"request body over {self.max_bytes} bytes")
-            await response(scope, receive, send)
+        async def replay():
+            nonlocal replayed
+            if not replayed:
+                replayed = True
+                return {"type": "http.request", "body": bytes(body), "more_body": False}
+            return await receive()  # afterwards: http.disconnect, when the client goes
 
-
-class BodyTooLarge(StarletteHTTPException):
-    def __init__(self, max_bytes: int):
-        super().__init__(413, f"request body over {max_bytes} bytes")
+        await self.app(scope, replay, send)

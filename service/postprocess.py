@@ -44,9 +44,11 @@ def fill_mask_candidates(
     tokenizer: RequestTokenizer,
     top_k: int,
     target_ids: list[int] | None,
+    single_mask: bool = True,
 ) -> list[dict]:
     """Candidates for one [MASK]: probabilities over the whole vocabulary, then the top_k (of the
-    targets, when given); `sequence` is the input with this mask filled, special tokens dropped."""
+    targets, when given); `sequence` is the input with this mask filled, special tokens dropped,
+    except with several masks, where (as transformers does) they are kept so the other [MASK]s show."""
     probs = softmax(logits.astype(np.float64))
     if target_ids is not None:
         candidates = np.asarray(target_ids)
@@ -57,9 +59,10 @@ def fill_mask_candidates(
     for token_id in order:
         filled = input_ids.copy()
         filled[mask_position] = token_id
+        filled = filled[filled != tokenizer.pad_token_id]
         results.append(
             {
-                "sequence": tokenizer.decode(filled),
+                "sequence": tokenizer.decode(filled, skip_special_tokens=single_mask),
                 "score": float(probs[token_id]),
                 "token": int(token_id),
                 "token_str": tokenizer.decode([token_id], skip_special_tokens=False),

@@ -79,20 +79,18 @@ def check_count(state, items: list) -> None:
 
 
 async def tokenize(model: ServedModel, items: list, truncate: bool = False, documents: bool = False, limit=None):
+    """`limit` (below the model's max length): the most tokens this endpoint takes; `truncate` cuts there."""
     try:
-        encoded = await asyncio.to_thread(model.tokenizer.encode, items, truncate, documents)
+        return await asyncio.to_thread(model.tokenizer.encode, items, truncate, documents, limit)
     except TooLong as error:
-        raise ServiceError(413, "too_long", str(error)) from None
-    if limit is not None:
-        for i, enc in enumerate(encoded):
-            if enc.length > limit:
-                raise ServiceError(
-                    413,
-                    "too_long",
-                    f"input {i} has {enc.length} tokens; /v1/classify takes at most {limit} "
-                    "(use /v1/documents/classify for long documents, or set truncate)",
-                )
-    return encoded
+        if limit is None or limit >= model.max_length:
+            raise ServiceError(413, "too_long", str(error)) from None
+        raise ServiceError(
+            413,
+            "too_long",
+            f"input {error.index} has {error.length} tokens; /v1/classify takes at most {limit} "
+            "(use /v1/documents/classify for long documents, or set truncate)",
+        ) from None
 
 
 async def wait_for(request: Request, jobs: list[Job], deadline: float) -> list[np.ndarray]:
@@ -141,6 +139,9 @@ async def fill_mask(body: FillMaskRequest, request: Request):
             found = np.flatnonzero(enc.input_ids == model.tokenizer.mask_token_id)
             if not len(found):
                 raise ServiceError(422, "validation", f"input {i} has no [MASK] token")
+            if len(found) > state.settings.max_masks_per_input:
+                limit = state.settings.max_masks_per_input
+                raise ServiceError(422, "validation", f"input {i} has {len(found)} [MASK] tokens; at most {limit}")
             positions.append(found)
         targets = body.parameters.targets
         target_ids = None
@@ -157,7 +158,9 @@ async def fill_mask(body: FillMaskRequest, request: Request):
     results = []
     for enc, found, logits in zip(encoded, positions, outputs, strict=True):
         per_mask = [
-            fill_mask_candidates(logits[m], enc.input_ids, int(pos), model.tokenizer, body.parameters.top_k, target_ids)
+            fill_mask_candidates(
+                logits[m], enc.input_ids, int(pos), model.tokenizer, body.parameters.top_k, target_ids, len(found) == 1
+            )
             for m, pos in enumerate(found)
         ]
         results.append(per_mask[0] if len(per_mask) == 1 else per_mask)

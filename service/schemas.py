@@ -17,20 +17,41 @@ class _Body(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
-class TextPair(_Body):
-    text: str
-    text_pair: str | None = None
+def _encodable(text: str) -> str:
+    """JSON may carry lone surrogates (e.g. "\\ud800"), which no tokenizer can take: refuse them (422)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ValueError("text is not valid Unicode (it has a lone surrogate)") from None
+    return text
 
 
 def _not_blank(text: str) -> str:
     if not text.strip():
         raise ValueError("text is empty")
-    return text
+    return _encodable(text)
+
+
+class TextPair(_Body):
+    text: str
+    text_pair: str | None = None
+
+    @field_validator("text_pair")
+    @classmethod
+    def check_pair(cls, value):
+        return value if value is None else _encodable(value)
 
 
 class FillMaskParameters(_Body):
     top_k: int = Field(5, ge=1, le=100, description="candidates per [MASK]")
     targets: list[str] | str | None = Field(None, description="score only these candidate words")
+
+    @field_validator("targets")
+    @classmethod
+    def check_targets(cls, value):
+        for word in [value] if isinstance(value, str) else value or []:
+            _encodable(word)
+        return value
 
 
 class FillMaskRequest(_Body):

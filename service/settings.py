@@ -6,16 +6,16 @@ BIGS_RUNTIME=onnx, BIGS_PORT=8000, BIGS_API_KEY=…). Built once at start-up and
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import Field, field_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 
 class ServiceSettings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="BIGS_", extra="ignore")
 
-    models: list[str] = Field(
+    models: Annotated[list[str], NoDecode] = Field(  # NoDecode: split_words parses the variable, not JSON only
         default_factory=list,
         description="NAME=EXPORT_DIR pairs (or a bare EXPORT_DIR, named after its folder)",
     )
@@ -34,6 +34,7 @@ class ServiceSettings(BaseSettings):
     request_timeout_s: float = Field(60.0, description="per-request deadline; past that, 504")
     max_body_bytes: int = 4 * 1024 * 1024
     max_inputs_per_request: int = 64
+    max_masks_per_input: int = Field(32, description="[MASK] tokens one fill-mask input may have (logits memory)")
     classify_max_length: int = Field(512, description="longest input of /v1/classify; longer goes to /v1/documents")
 
     # Threads: short buckets and long buckets run on separate workers so a 4,096-token batch
@@ -42,7 +43,7 @@ class ServiceSettings(BaseSettings):
     intra_op_threads: int = Field(0, description="threads per runtime call; 0 = the runtime's default")
 
     api_key: str | None = Field(None, description="when set, requests need `Authorization: Bearer <key>`")
-    cors_origins: list[str] = Field(default_factory=list, description="empty = CORS off")
+    cors_origins: Annotated[list[str], NoDecode] = Field(default_factory=list, description="empty = CORS off")
     warmup: bool = True
     verify_hashes: bool = True
 

@@ -1,0 +1,749 @@
+"""The service end to end: `bigs serve` in a subprocess on 127.0.0.1, real HTTP, tiny exported models.
+
+One session builds a fill-mask and a 3-label classification model (tests/service_fixtures.py) and
+exports both (ONNX + StableHLO, buckets 128, 512, 1024); the main server (ONNX Runtime, both models,
+default settings) lives for the session, and tests that need other settings start their own.
+
+Set SERVICE_TEST_EXPORTS=/some/dir to keep the exports between runs (built there when missing).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import random
+import signal
+import statistics
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pytest
+
+for _needed in ("torch", "transformers", "onnxruntime", "jax", "fastapi", "uvicorn"):  # export + serve extras
+    pytest.importorskip(_needed)
+
+from service_fixtures import (  # noqa: E402
+    Server,
+    assert_error,
+    assert_same,
+    build_exports,
+    free_port,
+    masked_text,
+    metric,
+    metric_samples,
+    text_of,
+)
+
+NAMES = {"fill": "mlm", "cls": "cls"}  # served name -> export
+
+
+# -- session fixtures ------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def exports(tmp_path_factory) -> dict[str, Path]:
+    keep = os.environ.get("SERVICE_TEST_EXPORTS")
+    root = Path(keep) if keep else tmp_path_factory.mktemp("service-models")
+    outs = {name: root / f"export-{name}" for name in ("mlm", "cls")}
+    if not all((out / "manifest.json").is_file() for out in outs.values()):
+        outs = build_exports(root)
+    return {**outs, "art-mlm": root / "art-mlm", "art-cls": root / "art-cls"}
+
+
+@pytest.fixture(scope="session")
+def logs(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("service-logs")
+
+
+def served(exports, *names: str) -> dict[str, Path]:
+    return {name: exports[NAMES[name]] for name in names}
+
+
+@pytest.fixture(scope="session")
+def startup(exports, logs):
+    """The main server (ONNX Runtime, both models, defaults, warm-up on), and what it answered while
+    it started: /ready, /health and /v1/classify polled from the moment the process was launched."""
+    server = Server(served(exports, "fill", "cls"), logs, "main")
+    seen = {"ready": [], "health_while_warming": [], "classify_while_warming": []}
+
+    def watch(client: httpx.Client):
+        ready = client.get("/ready")
+        seen["ready"].append(ready.status_code)
+        if ready.status_code == 503:
+            seen["health_while_warming"].append(client.get("/health").status_code)
+            if len(seen["classify_while_warming"]) < 3:
+                answer = client.post("/v1/classify", json={"inputs": "hello"})
+                if client.get("/ready").status_code == 503:  # (not ready in between)
+                    seen["classify_while_warming"].append(answer)
+
+    server.wait_ready(on_poll=watch)
+    yield server, seen
+    server.stop()
+
+
+@pytest.fixture(scope="session")
+def server(startup) -> Server:
+    return startup[0]
+
+
+@pytest.fixture(scope="session")
+def client(server):
+    with httpx.Client(base_url=server.url, timeout=120) as c:
+        yield c
+
+
+@pytest.fixture(scope="session")
+def pipelines(exports):
+    from transformers import pipeline
+
+    import model  # noqa: F401  (registers BiGS with the Auto classes)
+
+    return {
+        "fill": pipeline("fill-mask", model=str(exports["art-mlm"])),
+        "cls": pipeline("text-classification", model=str(exports["art-cls"])),
+    }
+
+
+@pytest.fixture
+def start_server(exports, logs):
+    """Factory: start(names=("cls",), **BIGS_settings) -> a ready Server, stopped at teardown."""
+    started = []
+
+    def start(names=("cls",), wait=True, **env):
+        s = Server(served(exports, *names), logs, "-".join(names), **env)
+        started.append(s)
+        if wait:
+            s.wait_ready()
+        return s
+
+    yield start
+    for s in started:
+        s.stop()
+
+
+def scrape(client: httpx.Client) -> dict:
+    response = client.get("/metrics")
+    assert response.status_code == 200
+    return metric_samples(response.text)
+
+
+async def send_all(url: str, requests: list[tuple[str, dict]], timeout: float = 300) -> list[httpx.Response]:
+    """Every (path, json body) at once, each on its own connection."""
+    limits = httpx.Limits(max_connections=len(requests) + 1)
+    async with httpx.AsyncClient(base_url=url, timeout=timeout, limits=limits) as c:
+        return await asyncio.gather(*(c.post(path, json=body) for path, body in requests))
+
+
+# -- answers equal transformers.pipeline ------------------------------------------------------
+
+FILL_CASES = {
+    "one-mask": ("the cat sat on the [MASK] under a blue sky .", {}),
+    "top_k": ("we saw a [MASK] fly over the river", {"top_k": 12}),
+    "several-masks": ("the [MASK] sat on the [MASK] while she read a [MASK] .", {"top_k": 3}),
+    "list": (["a [MASK] ran in the park", "Hello, I'm a [MASK] model!", "[MASK] [MASK] tree"], {"top_k": 2}),
+    "targets": ("she made [MASK] for her friend", {"targets": ["tea", "Dog", "cat", "##s", "tea", "town"], "top_k": 4}),
+    "target-str": ("the [MASK] came from a town far away", {"targets": "dog"}),
+    "long": (masked_text(900, seed=3, masks=2), {"top_k": 3}),  # the 1024 bucket
+}
+
+
+@pytest.mark.parametrize("case", list(FILL_CASES))
+def test_fill_mask_equals_pipeline(client, pipelines, case):
+    inputs, params = FILL_CASES[case]
+    response = client.post("/v1/fill-mask", json={"inputs": inputs, "parameters": params})
+    assert response.status_code == 200, response.text
+    want = pipelines["fill"](inputs, **params)
+    assert_same(response.json(), want, tol=1e-4)
+    for name in ("x-queue-time", "x-inference-time", "x-total-time", "x-compute-tokens"):
+        assert name in response.headers
+
+
+PAIR = {"text": "she read a book about the old city", "text_pair": "he made tea for his friend"}
+CLASSIFY_CASES = {  # (endpoint, inputs, service parameters, pipeline arguments)
+    "text": ("/v1/classify", "the dog ran in the park", {}, {"top_k": None}),
+    "pair": ("/v1/classify", PAIR, {}, {"top_k": None}),
+    "list": ("/v1/classify", ["a bird", PAIR, "the tree under a blue sky"], {}, {"top_k": None}),
+    "top_k": ("/v1/classify", "we saw a bird fly over the river", {"top_k": 2}, {"top_k": 2}),
+    "sigmoid": (
+        "/v1/classify",
+        "the cat sat",
+        {"function_to_apply": "sigmoid"},
+        {"top_k": None, "function_to_apply": "sigmoid"},
+    ),
+    "truncate": (
+        "/v1/classify",
+        text_of(700, seed=5),
+        {"truncate": True},
+        {"top_k": None, "truncation": True, "max_length": 512},
+    ),
+    "document": ("/v1/documents/classify", text_of(1000, seed=6), {}, {"top_k": None}),
+}
+
+
+@pytest.mark.parametrize("case", list(CLASSIFY_CASES))
+def test_classify_equals_pipeline(client, pipelines, case):
+    path, inputs, params, pipe_args = CLASSIFY_CASES[case]
+    response = client.post(path, json={"inputs": inputs, "parameters": params})
+    assert response.status_code == 200, response.text
+    want = pipelines["cls"](inputs, **pipe_args)
+    assert_same(response.json(), want, tol=1e-4)
+    scores = [item["score"] for item in (response.json() if case != "list" else response.json()[0])]
+    assert scores == sorted(scores, reverse=True)
+
+
+def test_models_and_embed(client):
+    cards = {card["name"]: card for card in client.get("/v1/models").json()["models"]}
+    assert cards["cls"]["labels"] == ["a", "b", "c"] and cards["cls"]["buckets"] == [128, 512, 1024]
+    assert "fill-mask" in cards["fill"]["tasks"] and cards["fill"]["runtime"] == "onnx"
+    one = client.post("/v1/embed", json={"inputs": "the cat sat", "model": "fill"}).json()
+    two = client.post("/v1/embed", json={"inputs": ["the cat sat", "a dog ran"], "model": "fill"}).json()
+    assert one["dimensions"] == 64 and len(one["embeddings"]) == 1 and len(two["embeddings"]) == 2
+    np.testing.assert_allclose(one["embeddings"][0], two["embeddings"][0], atol=1e-5)
+    assert abs(np.linalg.norm(one["embeddings"][0]) - 1) < 1e-5
+
+
+# -- batching changes nothing ----------------------------------------------------------------
+
+
+def mixed_requests(n: int = 50, seed: int = 0) -> list[tuple[str, dict]]:
+    """Mostly short requests and a few long ones (10–900 tokens) over every endpoint and bucket."""
+    rng = random.Random(seed)
+    lengths = [rng.randint(10, 120) for _ in range(n - 10)] + [rng.randint(130, 500) for _ in range(6)]
+    lengths += [rng.randint(600, 900) for _ in range(4)]
+    rng.shuffle(lengths)
+    requests = []
+    for i, length in enumerate(lengths):
+        kind = i % 3
+        if kind == 0:
+            masks = 1 + i % 2
+            requests.append(
+                ("/v1/fill-mask", {"inputs": masked_text(length, seed=i, masks=masks), "parameters": {"top_k": 3}})
+            )
+        elif kind == 1:
+            path = "/v1/classify" if length <= 512 else "/v1/documents/classify"
+            inputs = (
+                text_of(length, seed=i) if i % 2 else {"text": text_of(length - 6, seed=i), "text_pair": "the cat sat"}
+            )
+            requests.append((path, {"inputs": inputs}))
+        else:
+            requests.append(("/v1/embed", {"inputs": [text_of(length, seed=i), "a dog"], "model": "fill"}))
+    return requests
+
+
+@pytest.mark.slow
+def test_batch_invariance(server, client):
+    requests = mixed_requests()
+    alone = []
+    for path, body in requests:
+        response = client.post(path, json=body)
+        assert response.status_code == 200, response.text
+        alone.append(response.json())
+
+    before = scrape(client)
+    together = asyncio.run(send_all(server.url, requests))
+    after = scrape(client)
+    for (path, _), response, want in zip(requests, together, alone, strict=True):
+        assert response.status_code == 200, response.text
+        assert_same(response.json(), want, tol=1e-5, path=path)
+    # the concurrent run did batch: fewer runtime calls than inputs
+    batches = metric(after, "bigs_batch_size_count") - metric(before, "bigs_batch_size_count")
+    inputs = metric(after, "bigs_batch_size_sum") - metric(before, "bigs_batch_size_sum")
+    assert inputs == sum(len(b["inputs"]) if isinstance(b["inputs"], list) else 1 for _, b in requests)
+    assert batches < inputs
+
+
+# -- errors: honest codes, JSON bodies --------------------------------------------------------
+
+LONG_600, LONG_1100 = text_of(600, seed=1), text_of(1100, seed=2)
+J = {"content-type": "application/json"}
+ERROR_CASES = {  # id: (method, path, httpx kwargs, status, error_type)
+    "inputs-wrong-type": ("POST", "/v1/classify", {"json": {"inputs": 123}}, 422, "validation"),
+    "inputs-missing": ("POST", "/v1/fill-mask", {"json": {"parameters": {"top_k": 2}}}, 422, "validation"),
+    "inputs-list-of-ints": ("POST", "/v1/embed", {"json": {"inputs": [1, 2]}}, 422, "validation"),
+    "pair-to-embed": ("POST", "/v1/embed", {"json": {"inputs": PAIR}}, 422, "validation"),
+    "body-not-object": ("POST", "/v1/classify", {"json": ["x"]}, 422, "validation"),
+    "body-null": ("POST", "/v1/classify", {"content": b"null", "headers": J}, 422, "validation"),
+    "no-mask": ("POST", "/v1/fill-mask", {"json": {"inputs": "no mask here"}}, 422, "validation"),
+    "no-mask-in-one": ("POST", "/v1/fill-mask", {"json": {"inputs": ["a [MASK]", "none"]}}, 422, "validation"),
+    "empty-text": ("POST", "/v1/classify", {"json": {"inputs": ""}}, 422, "validation"),
+    "blank-text": ("POST", "/v1/embed", {"json": {"inputs": "   "}}, 422, "validation"),
+    "empty-list": ("POST", "/v1/classify", {"json": {"inputs": []}}, 422, "validation"),
+    "blank-pair-text": ("POST", "/v1/classify", {"json": {"inputs": {"text": " ", "text_pair": "x"}}}, 422, "validation"),
+    "too-many-inputs": ("POST", "/v1/classify", {"json": {"inputs": ["hi"] * 65}}, 422, "validation"),
+    "top_k-zero": ("POST", "/v1/fill-mask", {"json": {"inputs": "[MASK]", "parameters": {"top_k": 0}}}, 422, "validation"),
+    "top_k-over": ("POST", "/v1/fill-mask", {"json": {"inputs": "[MASK]", "parameters": {"top_k": 101}}}, 422, "validation"),
+    "top_k-string": ("POST", "/v1/classify", {"json": {"inputs": "x", "parameters": {"top_k": "two"}}}, 422, "validation"),
+    "top_k-fraction": ("POST", "/v1/fill-mask", {"json": {"inputs": "[MASK]", "parameters": {"top_k": 2.5}}}, 422, "validation"),
+    "top_k-negative": ("POST", "/v1/classify", {"json": {"inputs": "x", "parameters": {"top_k": -1}}}, 422, "validation"),
+    "unknown-field": ("POST", "/v1/classify", {"json": {"inputs": "x", "inptus": "y"}}, 422, "validation"),
+    "unknown-parameter": ("POST", "/v1/fill-mask", {"json": {"inputs": "[MASK]", "parameters": {"topk": 3}}}, 422, "validation"),
+    "bad-function": ("POST", "/v1/classify", {"json": {"inputs": "x", "parameters": {"function_to_apply": "relu"}}}, 422, "validation"),
+    "empty-targets": ("POST", "/v1/fill-mask", {"json": {"inputs": "[MASK]", "parameters": {"targets": []}}}, 422, "validation"),
+    "blank-target": ("POST", "/v1/fill-mask", {"json": {"inputs": "[MASK]", "parameters": {"targets": [" "]}}}, 422, "validation"),
+    "invalid-json": ("POST", "/v1/classify", {"content": b'{"inputs": "x",', "headers": J}, 422, "validation"),
+    "lone-surrogate": ("POST", "/v1/fill-mask", {"content": b'{"inputs": "a \\ud800 [MASK]"}', "headers": J}, 422, "validation"),
+    "lone-surrogate-pair": ("POST", "/v1/classify", {"content": b'{"inputs": {"text": "a", "text_pair": "\\udfff"}}', "headers": J}, 422, "validation"),
+    "lone-surrogate-target": ("POST", "/v1/fill-mask", {"content": b'{"inputs": "[MASK]", "parameters": {"targets": "\\ud800"}}', "headers": J}, 422, "validation"),
+    "lone-surrogate-key": ("POST", "/v1/classify", {"content": b'{"inputs": "x", "\\ud800": 1}', "headers": J}, 422, "validation"),
+    "too-long-fill-mask": ("POST", "/v1/fill-mask", {"json": {"inputs": LONG_1100 + " [MASK]"}}, 413, "too_long"),
+    "too-long-classify": ("POST", "/v1/classify", {"json": {"inputs": LONG_600}}, 413, "too_long"),
+    "too-long-document": ("POST", "/v1/documents/classify", {"json": {"inputs": LONG_1100}}, 413, "too_long"),
+    "too-long-embed": ("POST", "/v1/embed", {"json": {"inputs": ["ok", LONG_1100]}}, 413, "too_long"),
+    "query-too-long-to-truncate": ("POST", "/v1/documents/classify", {"json": {"inputs": {"text": "hi", "text_pair": LONG_1100}, "parameters": {"truncate": True}}}, 413, "too_long"),
+    "unknown-model": ("POST", "/v1/classify", {"json": {"inputs": "x", "model": "nope"}}, 400, "unknown_model"),
+    "unsupported-task-classify": ("POST", "/v1/classify", {"json": {"inputs": "x", "model": "fill"}}, 400, "unsupported_task"),
+    "unsupported-task-fill-mask": ("POST", "/v1/fill-mask", {"json": {"inputs": "[MASK]", "model": "cls"}}, 400, "unsupported_task"),
+    "text-plain": ("POST", "/v1/classify", {"content": b'{"inputs": "x"}', "headers": {"content-type": "text/plain"}}, 415, "unsupported_media_type"),
+    "form": ("POST", "/v1/fill-mask", {"data": {"inputs": "[MASK]"}}, 415, "unsupported_media_type"),
+    "not-found": ("GET", "/v1/nothing", {}, 404, "not_found"),
+    "wrong-method": ("GET", "/v1/classify", {}, 405, "method_not_allowed"),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("case", list(ERROR_CASES))
+def test_error_paths(client, case):
+    method, path, kwargs, status, error_type = ERROR_CASES[case]
+    assert_error(client.request(method, path, **kwargs), status, error_type)
+
+
+@pytest.mark.parametrize(
+    "path, inputs",
+    [
+        ("/v1/classify", LONG_600),
+        ("/v1/classify", {"text": LONG_600, "text_pair": LONG_600}),
+        ("/v1/classify", LONG_1100),
+        ("/v1/documents/classify", LONG_1100),
+        ("/v1/documents/classify", {"text": LONG_1100, "text_pair": "what is it about"}),
+        ("/v1/embed", LONG_1100),
+    ],
+)
+def test_truncate_answers_what_was_too_long(client, path, inputs):
+    response = client.post(path, json={"inputs": inputs, "parameters": {"truncate": True}})
+    assert response.status_code == 200, response.text
+    limit = 512 if path == "/v1/classify" else 1024
+    assert int(response.headers["x-compute-tokens"]) == limit  # cut to the endpoint's limit: its largest bucket
+
+
+def odd_bodies(seed: int = 0) -> list[bytes]:
+    """Random JSON values, deep nesting, huge numbers, odd unicode, nulls, and some near-valid bodies."""
+    rng = random.Random(seed)
+    scalars = [None, True, False, 0, -1, 10**40, -(10**40), 1e308, -0.0, 3.5, "", " ", "[MASK]", "\u202e\u0000\ufeff",
+               "🙂 [MASK] 👍🏽", "e\u0301" * 50, "[MASK]" * 3, "ß" * 200, "x" * 20000, [], {}]  # fmt: skip
+
+    def value(depth=0):
+        roll = rng.random()
+        if depth > 3 or roll < 0.5:
+            return rng.choice(scalars)
+        if roll < 0.75:
+            return [value(depth + 1) for _ in range(rng.randint(0, 3))]
+        keys = ["inputs", "parameters", "model", "top_k", "targets", "text", "text_pair", "truncate", "zz"]
+        return {rng.choice(keys): value(depth + 1) for _ in range(rng.randint(0, 3))}
+
+    bodies = [json.dumps(value()).encode() for _ in range(16)]
+    for _ in range(16):
+        params = {
+            k: value(2) for k in rng.sample(["top_k", "targets", "truncate", "function_to_apply", "normalize"], 2)
+        }
+        bodies.append(json.dumps({"inputs": value(1), "parameters": params}).encode())
+    bodies += [
+        b"[" * 50 + b"]" * 50,
+        b"[" * 100000 + b"]" * 100000,
+        b'{"inputs": ' + b"{" * 5000 + b"}" * 5000 + b"}",
+        b'{"inputs": "x", "parameters": {"top_k": NaN}}',
+        b'{"inputs": "x", "parameters": {"top_k": Infinity}}',
+        b'{"inputs": "x [MASK]", "parameters": {"top_k": 1e400}}',
+        b'{"inputs": "x [MASK]", "parameters": {"top_k": 123456789012345678901234567890}}',
+        b'{"inputs": "\\u0000[MASK]"}',
+        b'{"inputs": ["[MASK]", null]}',
+        b"\xff\xfe\x00",
+        b"",
+        b'{"inputs": "x", "inputs": 5}',
+        json.dumps({"inputs": [{"text": "a [MASK]", "text_pair": None}] * 3}).encode(),
+    ]
+    return bodies
+
+
+@pytest.mark.slow
+def test_fuzz_never_5xx(client):
+    for body in odd_bodies():
+        for path in ("/v1/fill-mask", "/v1/classify", "/v1/documents/classify", "/v1/embed"):
+            response = client.post(path, content=body, headers=J)
+            assert response.status_code < 500, (path, body[:200], response.status_code, response.text[:300])
+            if response.status_code >= 400:
+                assert_error(response, response.status_code)
+    failures = {  # 503 is the start-up (not ready yet), which the startup fixture watched
+        labels: value
+        for (name, labels), value in scrape(client).items()
+        if name == "bigs_requests_total" and dict(labels)["status"].startswith("5") and dict(labels)["status"] != "503"
+    }
+    assert not failures  # nothing the main server has been sent so far in this session made it fail
+
+
+# -- limits and keys: a server of its own -----------------------------------------------------
+
+BODY_LIMIT = 16384
+
+
+@pytest.fixture(scope="module")
+def guarded(exports, logs):
+    """cls only; API key, 16 KiB bodies, one request in flight at a time."""
+    s = Server(served(exports, "cls"), logs, "guarded", BIGS_API_KEY="s3cret", BIGS_MAX_BODY_BYTES=str(BODY_LIMIT),
+               BIGS_MAX_IN_FLIGHT="1", BIGS_WARMUP="false")  # fmt: skip
+    s.wait_ready()
+    yield s
+    s.stop()
+
+
+KEY = {"authorization": "Bearer s3cret"}
+
+
+def test_api_key(guarded):
+    with httpx.Client(base_url=guarded.url, timeout=60) as c:
+        assert_error(c.post("/v1/classify", json={"inputs": "x"}), 401, "unauthorized")
+        assert_error(c.post("/v1/classify", json={"inputs": "x"}, headers={"authorization": "Bearer nope"}), 401)
+        assert_error(c.post("/v1/classify", json={"inputs": "x"}, headers={"authorization": "s3cret"}), 401)
+        assert_error(c.get("/v1/models"), 401)
+        assert c.post("/v1/classify", json={"inputs": "x"}, headers=KEY).status_code == 200
+        assert c.get("/health").status_code == 200 and c.get("/ready").status_code == 200
+        assert c.get("/metrics").status_code == 200
+
+
+def test_body_size_limit(guarded):
+    big = json.dumps({"inputs": "x " * BODY_LIMIT}).encode()
+    with httpx.Client(base_url=guarded.url, timeout=60, headers=KEY) as c:
+        assert_error(c.post("/v1/classify", content=big, headers=J), 413, "body_too_large")
+
+        def chunks():  # no Content-Length: the limit holds on the bytes received
+            for i in range(0, len(big), 4096):
+                yield big[i : i + 4096]
+
+        assert_error(c.post("/v1/classify", content=chunks(), headers=J), 413, "body_too_large")
+        small = json.dumps({"inputs": "x " * 100}).encode()
+        assert c.post("/v1/classify", content=iter([small]), headers=J).status_code == 200  # chunked, under the limit
+        assert c.post("/v1/classify", content=small, headers=J).status_code == 200
+
+
+@pytest.mark.slow
+def test_overload_answers_429(guarded):
+    docs = [("/v1/documents/classify", {"inputs": text_of(900, seed=i)}) for i in range(6)]
+    shorts = [("/v1/classify", {"inputs": text_of(20, seed=i)}) for i in range(6)]
+
+    async def burst():
+        async with httpx.AsyncClient(base_url=guarded.url, timeout=120, headers=KEY) as c:
+            return await asyncio.gather(*(c.post(p, json=b) for p, b in docs + shorts))
+
+    responses = asyncio.run(burst())
+    statuses = [r.status_code for r in responses]
+    assert set(statuses) <= {200, 429}, statuses
+    assert 200 in statuses and 429 in statuses, statuses
+    for r in responses:
+        if r.status_code == 429:
+            assert_error(r, 429, "overloaded")
+            assert int(r.headers["retry-after"]) >= 1
+    with httpx.Client(base_url=guarded.url, headers=KEY) as c:
+        assert metric(scrape(c), "bigs_rejected_total") >= statuses.count(429)
+        assert c.post("/v1/classify", json={"inputs": "still serving"}).status_code == 200
+
+
+@pytest.mark.slow
+def test_deadline_answers_504(start_server):
+    s = start_server(("cls",), BIGS_REQUEST_TIMEOUT_S="0.01", BIGS_WARMUP="false")
+    with httpx.Client(base_url=s.url, timeout=60) as c:
+        long_docs = [text_of(1000, seed=i) for i in range(16)]  # one 16 x 1024 batch: far over 10 ms
+        assert_error(c.post("/v1/documents/classify", json={"inputs": long_docs}), 504, "timeout")
+        assert c.get("/health").status_code == 200
+        assert c.get("/ready").status_code == 200
+
+
+# -- readiness -----------------------------------------------------------------------------------
+
+
+def test_ready_only_after_warm_up(startup, client):
+    server, seen = startup
+    ready = seen["ready"]
+    assert seen["classify_while_warming"]
+    assert ready[-1] == 200 and 503 in ready, ready
+    assert ready.index(200) > ready.index(503)  # 503 seen before the first 200 …
+    assert set(ready[ready.index(200) :]) == {200}  # … and never after
+    assert seen["health_while_warming"] and set(seen["health_while_warming"]) == {200}
+    for response in seen["classify_while_warming"]:
+        assert_error(response, 503, "not_ready")
+        assert response.headers["retry-after"] == "1"
+    assert "shapes warmed" in server.log(chars=10**7)
+    body = client.get("/ready").json()
+    assert body["status"] == "ready" and sorted(body["models"]) == ["cls", "fill"]
+
+
+# -- metrics ----------------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_metrics_move(server, client):
+    before = scrape(client)
+    for i in range(3):
+        assert client.post("/v1/fill-mask", json={"inputs": masked_text(12, seed=i)}).status_code == 200
+    assert client.post("/v1/classify", json={"inputs": ["the cat", "a dog"]}).status_code == 200
+    assert client.post("/v1/classify", json={"inputs": ""}).status_code == 422
+    assert client.post("/v1/classify", content=b"x", headers={"content-type": "text/plain"}).status_code == 415
+
+    # a request of 32 long documents: two 16-document batches, so 16 wait while the first runs
+    seen_depth, seen_in_flight = 0.0, 0.0
+    with httpx.Client(base_url=server.url, timeout=120) as other:
+        done = threading.Event()
+        result = {}
+
+        def long_request():
+            result["r"] = other.post(
+                "/v1/documents/classify", json={"inputs": [text_of(1000, seed=i) for i in range(32)]}
+            )
+            done.set()
+
+        thread = threading.Thread(target=long_request)
+        thread.start()
+        while not done.is_set():
+            now = scrape(client)
+            seen_depth = max(seen_depth, metric(now, "bigs_queue_depth", model="cls", bucket="1024"))
+            seen_in_flight = max(seen_in_flight, metric(now, "bigs_requests_in_flight"))
+            time.sleep(0.02)
+        thread.join()
+    assert result["r"].status_code == 200
+    after = scrape(client)
+
+    def delta(name, **labels):
+        return metric(after, name, **labels) - metric(before, name, **labels)
+
+    assert delta("bigs_requests_total", endpoint="/v1/fill-mask", status="200") >= 3
+    assert delta("bigs_requests_total", endpoint="/v1/classify", status="200") >= 1
+    assert delta("bigs_requests_total", endpoint="/v1/classify", status="422") >= 1
+    assert delta("bigs_requests_total", endpoint="/v1/classify", status="415") >= 1
+    assert delta("bigs_requests_total", endpoint="/v1/documents/classify", status="200") >= 1
+    assert delta("bigs_request_latency_seconds_count", endpoint="/v1/fill-mask") >= 3
+    assert delta("bigs_batch_size_count", model="fill") >= 1 and delta("bigs_batch_size_sum", model="fill") >= 3
+    assert delta("bigs_batch_size_sum", model="cls", bucket="1024") >= 32
+    assert delta("bigs_batch_latency_seconds_count", model="cls") >= 1
+    computed, real = delta("bigs_tokens_computed_total"), delta("bigs_tokens_real_total")
+    assert computed > real > 0  # short texts are padded to 128
+    assert delta("bigs_tokens_computed_total", model="cls", bucket="1024") == 32 * 1024
+    assert delta("bigs_tokens_real_total", model="cls", bucket="1024") == 32 * 1000
+    assert seen_depth >= 1 and seen_in_flight >= 1  # the gauges moved while the documents waited
+    assert metric(after, "bigs_queue_depth", model="cls", bucket="1024") == 0
+    exposition = client.get("/metrics").text
+    for family in ("bigs_dropped_inputs", "bigs_rejected", "bigs_runtime_errors", "bigs_queue_depth"):
+        assert f"# TYPE {family}" in exposition
+
+
+# -- long documents do not hold short requests back -------------------------------------------
+
+
+@pytest.mark.slow
+def test_short_requests_flow_during_long_documents(server, client):
+    docs = [text_of(1000, seed=100 + i) for i in range(32)]
+    longs = [("/v1/documents/classify", {"inputs": docs[i * 16 : (i + 1) * 16]}) for i in range(2)]  # 2 x (16 x 1024)
+    long_done: list[float] = []
+    long_latency: list[float] = []
+
+    def run_longs():
+        async def one(c, path, body):
+            t = time.perf_counter()
+            r = await c.post(path, json=body)
+            assert r.status_code == 200, r.text
+            long_latency.append(time.perf_counter() - t)
+            long_done.append(time.perf_counter())
+
+        async def all_longs():
+            async with httpx.AsyncClient(base_url=server.url, timeout=300) as c:
+                await asyncio.gather(*(one(c, p, b) for p, b in longs))
+
+        asyncio.run(all_longs())
+
+    thread = threading.Thread(target=run_longs)
+    started = time.perf_counter()
+    thread.start()
+    time.sleep(0.1)  # the documents are queued (or running) in the long lane
+    short_done, short_latency = [], []
+    i = 0
+    while thread.is_alive() and i < 200:
+        body = {"inputs": masked_text(15 + i % 40, seed=i)} if i % 2 else {"inputs": text_of(20 + i % 60, seed=i)}
+        path = "/v1/fill-mask" if i % 2 else "/v1/classify"
+        t = time.perf_counter()
+        assert client.post(path, json=body).status_code == 200
+        short_latency.append(time.perf_counter() - t)
+        short_done.append(time.perf_counter())
+        i += 1
+    thread.join()
+    assert len(long_done) == 2
+    first_long_done = min(long_done)
+    finished_before = [t for t in short_done if t < first_long_done]
+    # short requests kept completing while the long lane worked, each far quicker than a long request
+    assert len(finished_before) >= 3, (len(short_done), first_long_done - started)
+    assert statistics.median(short_latency) < 0.5 * min(long_latency), (short_latency, long_latency)
+
+
+# -- runtimes agree ---------------------------------------------------------------------------
+
+
+def runtime_probe() -> list[tuple[str, dict]]:
+    return [
+        ("/v1/fill-mask", {"inputs": "the cat sat on the [MASK] .", "parameters": {"top_k": 5}}),
+        ("/v1/fill-mask", {"inputs": "the [MASK] sat on the [MASK] .", "parameters": {"top_k": 3}}),
+        (
+            "/v1/fill-mask",
+            {"inputs": ["a [MASK] ran", "we saw a [MASK]"], "parameters": {"targets": ["dog", "bird", "tea"]}},
+        ),
+        ("/v1/fill-mask", {"inputs": masked_text(700, seed=9, masks=2), "parameters": {"top_k": 3}}),
+        ("/v1/classify", {"inputs": ["the dog ran in the park", PAIR]}),
+        ("/v1/classify", {"inputs": text_of(300, seed=4), "parameters": {"function_to_apply": "none"}}),
+        ("/v1/documents/classify", {"inputs": text_of(1000, seed=8)}),
+        ("/v1/embed", {"inputs": ["the cat sat", text_of(200, seed=1)], "model": "cls"}),
+    ]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("runtime", ["stablehlo", "torch"])
+def test_runtimes_agree_with_onnx(client, start_server, runtime):
+    other = start_server(("fill", "cls"), BIGS_RUNTIME=runtime, BIGS_WARMUP="false")
+    with httpx.Client(base_url=other.url, timeout=300) as c:
+        cards = c.get("/v1/models").json()["models"]
+        assert {card["runtime"] for card in cards} == {runtime}
+        for path, body in runtime_probe():
+            want = client.post(path, json=body)
+            got = c.post(path, json=body)
+            assert want.status_code == got.status_code == 200, (got.text, want.text)
+            assert_same(got.json(), want.json(), tol=1e-4, path=f"{runtime} {path}")
+
+
+# -- a failing runtime fails its batch only ---------------------------------------------------
+
+
+class FailingRuntime:
+    """A real runtime whose next call for one bucket raises (as a runtime does when it breaks)."""
+
+    def __init__(self, runtime):
+        self.inner, self.fail_bucket = runtime, None
+        self.kind, self.heads, self.buckets = runtime.kind, runtime.heads, runtime.buckets
+
+    def run(self, head, bucket, inputs):
+        if bucket == self.fail_bucket:
+            self.fail_bucket = None
+            raise RuntimeError("injected: the device went away")
+        return self.inner.run(head, bucket, inputs)
+
+
+@pytest.mark.slow
+def test_runtime_failure_fails_only_its_batch(exports):
+    """The app in this process (uvicorn in a thread), so that its runtime can be made to fail once."""
+    import uvicorn
+
+    from service.app import create_app
+    from service.settings import ServiceSettings
+
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    app = create_app(ServiceSettings(models=[f"cls={exports['cls']}"], port=port, warmup=False))
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    try:
+        with httpx.Client(base_url=url, timeout=60) as c:
+            deadline = time.perf_counter() + 120
+            while time.perf_counter() < deadline:
+                try:
+                    if c.get("/ready").status_code == 200:
+                        break
+                except httpx.TransportError:
+                    pass
+                time.sleep(0.05)
+            short = {"inputs": ["the cat sat", "a dog ran"]}  # two inputs, submitted together: one batch
+            document = {"inputs": text_of(1000, seed=1)}
+            want_short = c.post("/v1/classify", json=short)
+            want_document = c.post("/v1/documents/classify", json=document)
+            assert want_short.status_code == want_document.status_code == 200
+            batcher = app.state.service.models["cls"].batcher
+            runtime = batcher.runtime = FailingRuntime(batcher.runtime)
+            runtime.fail_bucket = 128
+
+            async def together():  # the failing batch (short lane) and a long document (long lane) at once
+                async with httpx.AsyncClient(base_url=url, timeout=60) as ac:
+                    return await asyncio.gather(
+                        ac.post("/v1/classify", json=short), ac.post("/v1/documents/classify", json=document)
+                    )
+
+            failed, answered = asyncio.run(together())
+            assert_error(failed, 500, "runtime_error")
+            assert "injected" in failed.json()["error"]
+            assert runtime.fail_bucket is None
+            assert answered.status_code == 200 and answered.json() == want_document.json()
+            again = c.post("/v1/classify", json=short)  # the short lane lives on
+            assert again.status_code == 200 and again.json() == want_short.json()
+            samples = metric_samples(c.get("/metrics").text)
+            assert metric(samples, "bigs_runtime_errors_total", model="cls", bucket="128") == 1
+            assert metric(samples, "bigs_requests_total", endpoint="/v1/classify", status="500") == 1
+    finally:
+        server.should_exit = True
+        thread.join(60)
+    assert not thread.is_alive()
+
+
+# -- clients that leave, servers that stop ----------------------------------------------------
+
+
+@pytest.mark.slow
+def test_disconnected_clients_work_is_dropped(server, client):
+    before = scrape(client)
+    docs = [text_of(1000, seed=200 + i) for i in range(64)]  # 4 batches of 16 x 1024 each: seconds here
+
+    async def impatient():
+        async with httpx.AsyncClient(base_url=server.url, timeout=0.5) as c:
+            requests = (c.post("/v1/documents/classify", json={"inputs": docs}) for _ in range(2))
+            return await asyncio.gather(*requests, return_exceptions=True)
+
+    outcomes = asyncio.run(impatient())
+    assert all(isinstance(o, httpx.TimeoutException) for o in outcomes), outcomes
+    deadline = time.perf_counter() + 60
+    while True:  # the lane drops the queued inputs of the requests that left when it reaches them
+        time.sleep(0.2)
+        after = scrape(client)
+        if metric(after, "bigs_queue_depth", model="cls") == 0 or time.perf_counter() > deadline:
+            break
+    dropped = metric(after, "bigs_dropped_inputs_total", model="cls") - metric(
+        before, "bigs_dropped_inputs_total", model="cls"
+    )
+    computed = metric(after, "bigs_batch_size_sum", model="cls") - metric(before, "bigs_batch_size_sum", model="cls")
+    assert dropped > 0 and computed < 128 and dropped + computed == 128, (dropped, computed)
+    assert metric(after, "bigs_requests_total", endpoint="/v1/documents/classify", status="499") >= 2
+    assert client.post("/v1/classify", json={"inputs": "still here"}).status_code == 200
+
+
+@pytest.mark.slow
+def test_sigterm_drains_in_flight_requests(start_server):
+    s = start_server(("cls",), BIGS_WARMUP="false")
+    requests = [
+        ("/v1/documents/classify", {"inputs": [text_of(1000, seed=i * 16 + j) for j in range(16)]}) for i in range(3)
+    ]
+    results: list = []
+
+    def send():
+        results.extend(asyncio.run(send_all(s.url, requests)))
+
+    thread = threading.Thread(target=send)
+    thread.start()
+    with httpx.Client(base_url=s.url, timeout=30) as c:  # wait until all three are admitted
+        while metric(scrape(c), "bigs_requests_in_flight") < 3 and thread.is_alive():
+            time.sleep(0.02)
+    assert thread.is_alive()  # still working when the signal comes
+    s.proc.send_signal(signal.SIGTERM)
+    time.sleep(0.5)  # uvicorn looks at its exit flag every 0.1 s, then closes the listening socket
+    try:  # admission is closed: no new connection is answered with work
+        late = httpx.post(f"{s.url}/v1/classify", json={"inputs": "too late"}, timeout=10)
+        assert late.status_code == 503
+    except httpx.TransportError:
+        pass
+    thread.join(120)
+    assert [r.status_code for r in results] == [200, 200, 200], [r.text[:200] for r in results]
+    assert all(len(r.json()) == 16 for r in results)
+    assert s.proc.wait(60) == 0, s.log()
+    assert "Application shutdown complete" in s.log()
