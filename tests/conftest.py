@@ -7,6 +7,8 @@ serving-only install (no torch) can still use this conftest.
 from __future__ import annotations
 
 import math
+import os
+import sys
 
 import pytest
 
@@ -19,10 +21,28 @@ TINY = dict(
     max_position_embeddings=128,
     type_vocab_size=2,
     num_ssm=64,
+    # At hidden 64 the published init (std 0.02) leaves the gated SSM branch ~1e-7 of the residual
+    # stream: a tiny model would be the identity on its embeddings, and every test comparing
+    # outputs at 1e-5 would pass whatever the SSM did. With std 0.12 each layer changes its
+    # input by O(1), so padding leaks, formulations and weight mix-ups all show.
+    initializer_range=0.12,
 )
 
 # The real BERT uncased WordPiece vocab, for tests that need the tokenizer (pipelines, service).
 BERT_VOCAB_SIZE = 30522
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _torch_threads():
+    """One torch thread by default (BIGS_TEST_THREADS overrides).
+
+    Tiny-config ops gain nothing from intra-op threads, and on a shared 2-core machine OpenMP
+    threads waiting on each other made the suite ~3x slower. Test modules are imported before
+    session fixtures run, so torch is in sys.modules exactly when some test uses it.
+    """
+    if "torch" in sys.modules:
+        sys.modules["torch"].set_num_threads(int(os.environ.get("BIGS_TEST_THREADS", "1")))
+    yield
 
 
 @pytest.fixture
