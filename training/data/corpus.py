@@ -107,7 +107,7 @@ def build_corpus(
     heldout_guard: bool = True,
     exclude_heldout_of: Sequence[str] = (),
     source_options: dict[str, dict] | None = None,
-    rows_per_shard: int = 1 << 16,
+    rows_per_shard: int | None = None,
     overwrite: bool = False,
 ) -> dict:
     """Build a packed MLM corpus from `sources` into `out_dir`; returns the data card.
@@ -134,7 +134,7 @@ def build_corpus(
     card = None if overwrite else _read_card(out_dir)
     if card is not None and card.get("config") == config:
         if str(seq_len) not in card["packed"]:
-            return repack(out_dir, seq_len, tokenizer=tokenizer, rows_per_shard=rows_per_shard)
+            return repack(out_dir, seq_len, rows_per_shard=rows_per_shard)
         return card
 
     per_source: dict[str, list[Document]] = {}
@@ -187,20 +187,24 @@ def build_corpus(
         "python": platform.python_version(),
     }
     _write_card(out_dir, card)
-    return repack(out_dir, seq_len, tokenizer=tokenizer, rows_per_shard=rows_per_shard)
+    return repack(out_dir, seq_len, rows_per_shard=rows_per_shard)
 
 
-def repack(out_dir: str | Path, seq_len: int, tokenizer=None, rows_per_shard: int = 1 << 16) -> dict:
-    """Pack an already tokenized corpus at another length (no re-tokenizing); updates the card."""
+def repack(out_dir: str | Path, seq_len: int, tokenizer=None, rows_per_shard: int | None = None) -> dict:
+    """Pack an already tokenized corpus at another length (no re-tokenizing); updates the card.
+
+    The special ids come from the token store; a `tokenizer`, if given, is only checked against
+    the one that made it.
+    """
     out_dir = Path(out_dir)
     card = _read_card(out_dir)
     if card is None or card.get("kind") != "pretraining":
         raise FileNotFoundError(f"{out_dir} has no pretraining {CARD}")
+    if tokenizer is not None and tokenizer_hash(tokenizer) != card["tokenizer_hash"]:
+        raise ValueError(f"{out_dir} was tokenized with a different tokenizer")
     packed = {}
     for s in SPLITS:
-        index = pack_store(
-            out_dir / "tokens" / s, out_dir / f"packed-{seq_len}" / s, seq_len, rows_per_shard, tokenizer
-        )
+        index = pack_store(out_dir / "tokens" / s, out_dir / f"packed-{seq_len}" / s, seq_len, rows_per_shard)
         packed[s] = {
             "dir": f"packed-{seq_len}/{s}",
             "sequences": index["sequences"],

