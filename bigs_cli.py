@@ -6,6 +6,7 @@ bigs init OUT_DIR [--task mlm|classification] [--hidden-size …]   a fresh (unt
 bigs convert flax-to-torch CKPT.msgpack CONFIG.json OUT_DIR        published Flax → artifact dir
 bigs convert torch-to-flax ARTIFACT_DIR OUT.msgpack                artifact dir → Flax params
 bigs bench torch-forward [--lengths 512 4096]                      torch eager latency
+bigs bench load [--host URL --users N --duration 60s --scenario long|mixed|fill-mask --out DIR]
 bigs export ARTIFACT_DIR OUT_DIR [--buckets 128,256] [--formats onnx,stablehlo] [--quantize int8]
 bigs export --verify OUT_DIR                                       re-hash files, re-measure parity
 """
@@ -188,14 +189,20 @@ def build_parser() -> argparse.ArgumentParser:
     serve.set_defaults(func=cmd_serve)
 
     bench = sub.add_parser("bench", help="run a benchmark script from bench/")
-    bench.add_argument("which", choices=["torch-forward"])
+    bench.add_argument("which", choices=["torch-forward", "load"])
     bench.add_argument("rest", nargs=argparse.REMAINDER, help="arguments for the benchmark")
     bench.set_defaults(func=cmd_bench)
     return parser
 
 
 def main(argv: list[str] | None = None) -> None:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    # key=value overrides of `bigs train` may follow --config; argparse leaves those as extras.
+    args, extra = parser.parse_known_args(argv)
+    if extra and args.command == "train" and all("=" in item for item in extra):
+        args.overrides = [*args.overrides, *extra]
+    elif extra:
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
     if args.command == "export" and len(args.paths) != (1 if args.verify else 2):
         build_parser().error("export needs: ARTIFACT_DIR OUT_DIR, or --verify OUT_DIR")
     if args.command == "convert":

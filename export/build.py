@@ -1,0 +1,212 @@
+"""`bigs export ARTIFACT_DIR OUT_DIR`: artifact dir → self-contained export dir.
+
+    OUT_DIR/  config.json, model.safetensors, tokenizer files, … (the artifact's files, copied)
+              onnx/<bucket>.onnx [+ <bucket>.int8.onnx] + onnx/weights.bin (shared by all graphs)
+              stablehlo/<head>_<bucket>.bin
+              manifest.json
+
+Steps: copy the artifact; load the torch model (fp32); export ONNX per bucket (export/onnx.py) and
+StableHLO per head and bucket (export/stablehlo.py); measure every file against the torch reference
+on fixed inputs (export/verify.py); hash every file; write the manifest (export/manifest.py).
+Works on `bigs init` / save_pretrained dirs and on published-layout checkpoint dirs alike: both are
+read through `from_pretrained` (torch) and the safetensors keys (Flax).
+"""
+
+from __future__ import annotations
+
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+from . import parity
+from .manifest import FORMAT_VERSION, file_table, versions, write_manifest
+from .verify import DEFAULT_TOLERANCE, describe, measure_onnx, measure_stablehlo, references
+
+DEFAULT_BUCKETS = (128, 256, 512, 1024, 2048, 4096)
+FORMATS = ("onnx", "stablehlo")
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "special_tokens_map.json")
+BERT_VOCAB_SIZE = 30522
+
+
+@dataclass
+class ExportOptions:
+    """What to export. `buckets=None`: DEFAULT_BUCKETS up to the model's max_position_embeddings."""
+
+    buckets: list[int] | None = None
+    formats: tuple[str, ...] = FORMATS
+    quantize: str | None = None  # None or "int8" (ONNX only)
+    embed_weights: bool = False  # StableHLO: weights inside each artifact instead of arguments
+    tolerance: float = DEFAULT_TOLERANCE
+    seed: int = 0  # of the parity inputs
+
+    def __post_init__(self):
+        bad = [f for f in self.formats if f not in FORMATS]
+        if bad:
+            raise ValueError(f"unknown format(s) {bad}; choose from {FORMATS}")
+        if self.quantize not in (None, "int8"):
+            raise ValueError(f"--quantize supports int8 only, got {self.quantize!r}")
+
+
+def resolve_buckets(requested: list[int] | None, max_length: int) -> list[int]:
+    """Requested buckets (checked), or the defaults capped at the model's length; the model's own
+    max length is added when no default reaches it, so every valid input has a bucket."""
+    if requested:
+        too_long = [b for b in requested if b > max_length or b < 1]
+        if too_long:
+            raise ValueError(f"buckets {too_long} outside 1..max_position_embeddings={max_length}")
+        return sorted(set(requested))
+    buckets = [b for b in DEFAULT_BUCKETS if b <= max_length]
+    if not buckets or buckets[-1] < max_length:
+        buckets.append(max_length)
+    return buckets
+
+
+def copy_artifact(artifact_dir: Path, out_dir: Path) -> None:
+    """The artifact's top-level files into out_dir (the export dir must be self-contained)."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    if artifact_dir.resolve() == out_dir.resolve():
+        return
+    for path in artifact_dir.iterdir():
+        if path.is_file():
+            shutil.copy2(path, out_dir / path.name)
+
+
+def ensure_tokenizer(out_dir: Path, config) -> dict:
+    """Tokenizer files of the dir; a published checkpoint dir may have none: BiGS uses BERT uncased
+    WordPiece, so with the BERT vocab size the project's copy is written (and the manifest says so)."""
+    present = [f for f in TOKENIZER_FILES if (out_dir / f).is_file()]
+    if present:
+        return {"files": present, "source": "artifact"}
+    if config.vocab_size == BERT_VOCAB_SIZE:
+        from model.tokenizer import save_tokenizer
+
+        written = save_tokenizer(out_dir, model_max_length=config.max_position_embeddings)
+        return {"files": sorted(written), "source": "bert-base-uncased WordPiece (model/assets), artifact had none"}
+    return {"files": [], "source": f"none: artifact has no tokenizer and vocab_size={config.vocab_size} is not BERT's"}
+
+
+def export_artifact(artifact_dir: str | Path, out_dir: str | Path, options: ExportOptions | None = None) -> dict:
+    """Export `artifact_dir` into `out_dir`; returns the manifest (also written to out_dir/manifest.json)."""
+    from .stablehlo import heads_for
+
+    options = options or ExportOptions()
+    artifact_dir, out_dir = Path(artifact_dir), Path(out_dir)
+    if not (artifact_dir / "config.json").is_file():
+        raise FileNotFoundError(f"{artifact_dir}/config.json not found: not an artifact dir")
+    copy_artifact(artifact_dir, out_dir)
+    for stale in ("onnx", "stablehlo"):  # a re-export must not leave files of an earlier one
+        shutil.rmtree(out_dir / stale, ignore_errors=True)
+
+    model = parity.load_reference(out_dir)
+    config = model.config
+    architecture = parity.architecture_of(config)
+    buckets = resolve_buckets(options.buckets, config.max_position_embeddings)
+    manifest = {
+        "format_version": FORMAT_VERSION,
+        "model": {
+            "name": artifact_dir.resolve().name,
+            "architecture": architecture,
+            "model_type": config.model_type,
+            "vocab_size": config.vocab_size,
+            "hidden_size": config.hidden_size,
+            "num_hidden_layers": config.num_hidden_layers,
+            "max_position_embeddings": config.max_position_embeddings,
+            "pad_token_id": config.pad_token_id,
+        },
+        "tasks": heads_for(architecture),
+        "embeddings": "mean of the last hidden state over real tokens (attention_mask = 1), before the pooler",
+        "labels": {str(k): v for k, v in config.id2label.items()}
+        if architecture == "BiGSForSequenceClassification"
+        else None,
+        "tokenizer": ensure_tokenizer(out_dir, config),
+        "buckets": buckets,
+        "parity": {
+            "reference": "torch, fp32, ssm_formulation='fft' (kernels in float64), same weights",
+            "tolerance": options.tolerance,
+            "criterion": "max_abs_diff <= tolerance * max(1, reference_max_abs), per output",
+            "seed": options.seed,
+            "cases": parity.CASES,
+        },
+    }
+
+    if "onnx" in options.formats:
+        from .onnx import export_onnx
+
+        manifest["onnx"] = export_onnx(model, buckets, out_dir / "onnx", quantize=options.quantize)
+    if "stablehlo" in options.formats:
+        from model.convert import load_torch_safetensors
+
+        from .stablehlo import export_stablehlo
+
+        state = load_torch_safetensors(out_dir / "model.safetensors")
+        manifest["stablehlo"] = export_stablehlo(
+            config, state, architecture, buckets, out_dir, embed_weights=options.embed_weights
+        )
+    manifest["versions"] = versions()
+    write_manifest(out_dir, manifest)  # the runtimes below read it
+
+    refs = references(out_dir, manifest)
+    breaches = []
+    if "onnx" in manifest:
+        for bucket, measured in measure_onnx(out_dir, manifest, refs).items():
+            manifest["onnx"]["buckets"][bucket].update(measured)
+            if parity.error_ratio(measured) > options.tolerance:
+                breaches.append(f"onnx {bucket}: {describe(measured)}")
+        if options.quantize:
+            for bucket, measured in measure_onnx(out_dir, manifest, refs, variant="int8").items():
+                manifest["onnx"]["buckets"][bucket]["int8"]["accuracy"] = {
+                    "against": "torch fp32 reference, the parity inputs",
+                    "max_abs_logits_diff": measured["max_abs_diff"]["logits"],
+                    "max_abs_embeddings_diff": measured["max_abs_diff"]["embeddings"],
+                    "top1_agreement": measured["top1_agreement"],
+                }
+    if "stablehlo" in manifest:
+        for head, per_bucket in measure_stablehlo(out_dir, manifest, refs).items():
+            for bucket, measured in per_bucket.items():
+                manifest["stablehlo"]["heads"][head]["buckets"][bucket].update(measured)
+                if parity.error_ratio(measured) > options.tolerance:
+                    breaches.append(f"stablehlo {head} {bucket}: {describe(measured)}")
+    manifest["parity"]["passed"] = not breaches
+    manifest["parity"]["breaches"] = breaches
+
+    manifest["files"] = file_table(out_dir)
+    for section in ("onnx", "stablehlo"):  # per-bucket hashes next to the per-bucket facts
+        if section not in manifest:
+            continue
+        entries = (
+            manifest[section]["buckets"].values()
+            if section == "onnx"
+            else [b for h in manifest[section]["heads"].values() for b in h["buckets"].values()]
+        )
+        for entry in entries:
+            for e in (entry, entry.get("int8")):
+                if e:
+                    e["sha256"] = manifest["files"][e["file"]]["sha256"]
+    if "onnx" in manifest:
+        manifest["onnx"]["weights_sha256"] = manifest["files"][manifest["onnx"]["weights_file"]]["sha256"]
+    write_manifest(out_dir, manifest)
+    return manifest
+
+
+def summary(manifest: dict, out_dir: str | Path) -> str:
+    """A few lines for the terminal: what was written and how far it is from the reference."""
+    lines = [f"exported {manifest['model']['name']} ({manifest['model']['architecture']}) to {out_dir}"]
+    lines.append(f"  tasks {', '.join(manifest['tasks'])}; buckets {manifest['buckets']}")
+    if "onnx" in manifest:
+        for bucket, e in manifest["onnx"]["buckets"].items():
+            form = e["ssm_formulation"] + (f" (chunk {e['chunk']})" if e["chunk"] else "")
+            line = f"  onnx {bucket:>5}: {form:<20} {describe(e)}"
+            if "int8" in e:
+                acc = e["int8"]["accuracy"]
+                line += f"; int8 max abs logits diff {acc['max_abs_logits_diff']:.3g}, top-1 agreement {acc['top1_agreement']:.3f}"
+            lines.append(line)
+    if "stablehlo" in manifest:
+        s = manifest["stablehlo"]
+        lines.append(f"  stablehlo: platforms {s['platforms']}, weights {s['weights']}")
+        for head, e in s["heads"].items():
+            for b, x in e["buckets"].items():
+                lines.append(f"    {head} {b:>5}: {describe(x)}")
+    lines.append(
+        f"  parity {'passed' if manifest['parity']['passed'] else 'FAILED'} (tolerance {manifest['parity']['tolerance']:g})"
+    )
+    return "\n".join(lines)

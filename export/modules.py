@@ -1,0 +1,213 @@
+"""What gets exported: the torch model with its SSMs frozen for one length bucket, behind the heads' I/O.
+
+Per bucket the sequence length L is fixed, so each SSM's kernel K[:L] is a constant: it is computed
+here once, in float64 from the parameters (model/ssm.py), and stored as float32 matrices. The graph
+then holds no kernel computation and no FFT (DESIGN §3: ONNX DFT is 10–40x slower on ORT CPU and
+breaks with dynamic lengths). Which form of the convolution a bucket gets is `formulation_for(L)`,
+the fastest measured on ORT CPU (DESIGN §3):
+
+    L ≤ 512          Toeplitz      y = T·u, one (L, L) lower-triangular MatMul
+    512 < L ≤ 2048   chunked, c = 128   semiseparable: Toeplitz inside chunks, 2N real states across
+    L > 2048         chunked, c = 256
+
+Both frozen forms are twins of the FFT reference (held together by tests/test_export.py through the
+whole model). The head wrappers fix the ONNX signature, all int64, batch B dynamic:
+
+    fill-mask       input_ids, attention_mask, token_type_ids (B, L), mask_positions (B, P), P dynamic
+                    → logits (B, P, vocab) at those positions only, embeddings (B, d)
+    classification  input_ids, attention_mask, token_type_ids (B, L) → logits (B, num_labels), embeddings (B, d)
+
+`embeddings` is the mean of the last hidden state over real tokens (attention_mask = 1), before the
+pooler's dense + tanh: the sentence embedding of the backbone, the same for both architectures.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from model.modeling_bigs import BiGSForMaskedLM, BiGSForSequenceClassification, S4dLayer, mean_pool
+from model.ssm import chunked_weights, toeplitz_matrix
+
+# --------------------------------------------------------------------------------------------
+# Which SSM formulation for which length (DESIGN §3, measured on ORT CPU)
+# --------------------------------------------------------------------------------------------
+
+TOEPLITZ_MAX_LENGTH = 512
+CHUNK_128_MAX_LENGTH = 2048
+
+
+@dataclass(frozen=True)
+class Formulation:
+    """How one bucket computes its SSM convolutions: "toeplitz", or "chunked" with `chunk`."""
+
+    name: str
+    chunk: int | None = None
+
+    def as_dict(self) -> dict:
+        return {"ssm_formulation": self.name, "chunk": self.chunk}
+
+
+def formulation_for(length: int) -> Formulation:
+    """The fastest measured form on ORT CPU for sequence length `length` (DESIGN §3 table)."""
+    if length <= TOEPLITZ_MAX_LENGTH:
+        return Formulation("toeplitz")
+    return Formulation("chunked", 128 if length <= CHUNK_128_MAX_LENGTH else 256)
+
+
+# --------------------------------------------------------------------------------------------
+# Frozen SSMs: constants in, MatMuls only
+# --------------------------------------------------------------------------------------------
+
+
+class ToeplitzSSM(nn.Module):
+    """y = T·u + D·u with T (L, L) = Toeplitz(K[:L]); u (B, L, d). Twin of `causal_conv_toeplitz`."""
+
+    def __init__(self, ssm: S4dLayer, length: int):
+        super().__init__()
+        with torch.no_grad():
+            K = ssm.kernel(length)  # float64
+            self.register_buffer("T", toeplitz_matrix(K, length).float())  # (L, L)
+        self.D = ssm.D
+
+    def forward(self, u: torch.Tensor) -> torch.Tensor:
+        return torch.matmul(self.T, u) + self.D * u  # (L, L) @ (B, L, d) → (B, L, d)
+
+
+class ChunkedSSM(nn.Module):
+    """The chunked semiseparable convolution written as broadcast MatMuls; twin of `causal_conv_chunked`.
+
+    With n = ceil(L / c) chunks and N modes (z_n = exp(dtA_n)):
+      y_intra[k]  = Toeplitz(K[:c]) · u[k]                       within chunk k
+      s[k]        = Σ_j z^(c−1−j) u[k, j]                        chunk k's end state (N complex → 2N real)
+      h[k]        = Σ_{j<k} z^(c(k−1−j)) s[j]                    states carried to the start of chunk k
+      y[k, i]    += Re(Σ_n Ct_n z_n^(i+1) h_n[k])
+    The complex products are written as real block matrices, so each step is one MatMul.
+    """
+
+    def __init__(self, ssm: S4dLayer, length: int, chunk: int):
+        super().__init__()
+        self.length, self.chunk = length, chunk
+        self.n_chunks = -(-length // chunk)
+        with torch.no_grad():
+            modes = ssm.kernel.modes()  # float64
+            w = chunked_weights(modes, ssm.kernel(chunk), chunk, self.n_chunks)
+            self.N = w.carry_re.shape[0]
+            # [h_re; h_im] = [[C_re, −C_im], [C_im, C_re]] · [s_re; s_im] per mode: (N, 2n, 2n)
+            carry = torch.cat(
+                [torch.cat([w.carry_re, -w.carry_im], dim=2), torch.cat([w.carry_im, w.carry_re], dim=2)], dim=1
+            )
+            # y += [F_re, −F_im] · [h_re; h_im]: (c, 2N)
+            read = torch.cat([w.from_state_re, -w.from_state_im], dim=1)
+            self.register_buffer("intra", w.intra.float())  # (c, c)
+            self.register_buffer("to_state", w.to_state.float())  # (2N, c)
+            self.register_buffer("carry", carry.float())  # (N, 2n, 2n)
+            self.register_buffer("read", read.float())  # (c, 2N)
+        self.D = ssm.D
+
+    def forward(self, u: torch.Tensor) -> torch.Tensor:
+        L, c, n, N = self.length, self.chunk, self.n_chunks, self.N
+        d = u.shape[-1]
+        x = u
+        if n * c != L:  # zero inputs past L change nothing before L (causality)
+            x = nn.functional.pad(x, (0, 0, 0, n * c - L))
+        x = x.reshape(-1, n, c, d)  # (B, n, c, d)
+        y = torch.matmul(self.intra, x)  # (B, n, c, d)
+        s = torch.matmul(self.to_state, x)  # (B, n, 2N, d)
+        s = s.reshape(-1, n, 2, N, d).permute(0, 3, 2, 1, 4).reshape(-1, N, 2 * n, d)  # (B, N, [re; im]·n, d)
+        h = torch.matmul(self.carry, s)  # (B, N, 2n, d)
+        h = h.reshape(-1, N, 2, n, d).permute(0, 3, 2, 1, 4).reshape(-1, n, 2 * N, d)  # (B, n, [re; im]·N, d)
+        y = y + torch.matmul(self.read, h)  # (B, n, c, d)
+        y = y.reshape(-1, n * c, d)  # (B, n·c, d)
+        if n * c != L:
+            y = y[:, :L]
+        return y + self.D * u
+
+
+def frozen_ssm(ssm: S4dLayer, length: int, formulation: Formulation) -> nn.Module:
+    if formulation.name == "toeplitz":
+        return ToeplitzSSM(ssm, length)
+    if formulation.name == "chunked":
+        return ChunkedSSM(ssm, length, formulation.chunk)
+    raise ValueError(f"no frozen SSM for formulation {formulation.name!r}")
+
+
+@contextlib.contextmanager
+def frozen_ssms(model: nn.Module, length: int, formulation: Formulation) -> Iterator[nn.Module]:
+    """Swap every layer's fs4/bs4 for its frozen twin at `length` while inside; restored on exit.
+
+    The swap shares every other parameter with `model` (no copy of a large model per bucket).
+    """
+    layers = model.bigs.encoder.layer
+    originals = [(layer.fs4, layer.bs4) for layer in layers]
+    try:
+        for layer, (fs4, bs4) in zip(layers, originals, strict=True):
+            layer.fs4 = frozen_ssm(fs4, length, formulation)
+            layer.bs4 = frozen_ssm(bs4, length, formulation)
+        yield model
+    finally:
+        for layer, (fs4, bs4) in zip(layers, originals, strict=True):
+            layer.fs4, layer.bs4 = fs4, bs4
+
+
+# --------------------------------------------------------------------------------------------
+# Head wrappers: the exported signatures
+# --------------------------------------------------------------------------------------------
+
+BASE_INPUTS = ("input_ids", "attention_mask", "token_type_ids")
+
+
+class FillMaskExport(nn.Module):
+    """(input_ids, attention_mask, token_type_ids, mask_positions) → (logits (B, P, vocab), embeddings (B, d))."""
+
+    input_names = (*BASE_INPUTS, "mask_positions")
+    output_names = ("logits", "embeddings")
+
+    def __init__(self, model: BiGSForMaskedLM):
+        super().__init__()
+        self.model = model
+        self.vocab_size = model.config.vocab_size
+
+    def forward(self, input_ids, attention_mask, token_type_ids, mask_positions):
+        X = self.model.bigs(
+            input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids, return_dict=True
+        ).last_hidden_state  # (B, L, d)
+        d = X.shape[-1]
+        index = mask_positions[..., None].expand(-1, -1, d)  # (B, P, d)
+        at_positions = torch.gather(X, 1, index).reshape(-1, d)  # (B·P, d)
+        # 2-D so the decoder is one Gemm(transB) on the word embeddings, not a transposed copy of them.
+        logits = self.model.cls(at_positions)  # (B·P, vocab)
+        B, P = mask_positions.shape
+        logits = logits.reshape(B, P, self.vocab_size)  # (B, P, vocab); static vocab so P = 0 works
+        return logits, mean_pool(X, attention_mask)
+
+
+class ClassificationExport(nn.Module):
+    """(input_ids, attention_mask, token_type_ids) → (logits (B, num_labels), embeddings (B, d))."""
+
+    input_names = BASE_INPUTS
+    output_names = ("logits", "embeddings")
+
+    def __init__(self, model: BiGSForSequenceClassification):
+        super().__init__()
+        self.model = model
+
+    def forward(self, input_ids, attention_mask, token_type_ids):
+        X = self.model.bigs(
+            input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids, return_dict=True
+        ).last_hidden_state  # (B, L, d)
+        pooled = self.model.bigs.pooler(X, attention_mask)  # mean over real tokens → dense → tanh
+        logits = self.model.classifier(pooled)  # dropout is identity in eval
+        return logits, mean_pool(X, attention_mask)
+
+
+def export_wrapper(model: nn.Module) -> nn.Module:
+    if isinstance(model, BiGSForMaskedLM):
+        return FillMaskExport(model).eval()
+    if isinstance(model, BiGSForSequenceClassification):
+        return ClassificationExport(model).eval()
+    raise TypeError(f"no export wrapper for {type(model).__name__}")

@@ -1,0 +1,278 @@
+"""torch → ONNX, one graph per length bucket, all graphs over ONE shared weights file.
+
+Per bucket (fixed L, dynamic batch):
+  1. `torch.onnx.export(dynamo=True, opset 20)` of the head wrapper with the SSMs frozen for L
+     (export/modules.py). The dynamo exporter gives a clean graph: native Gelu and
+     LayerNormalization, MatMul/Gemm on the weights, no Constant/Identity clutter. (The TorchScript
+     exporter, dynamo=False, also works but decomposes GELU into Erf arithmetic and scatters Constant
+     and Identity nodes.) Complex tensors never reach it: the kernels are precomputed constants.
+  2. ORT offline graph optimisation (`ORT_ENABLE_EXTENDED`: constant folding, bias-GELU, skip-
+     LayerNorm, MatMul fusions), saved. The service then loads with optimisation disabled
+     (`SESSION_OPTIONS`), so no per-session transform can make private copies of the weights.
+  3. Optionally `quantize_dynamic` to int8 weights (MatMul/Gemm), then optimised again.
+
+Every initializer of at least `MIN_SHARED_BYTES` is moved into `onnx/weights.bin`, deduplicated
+by content across buckets and variants, renamed to one name per content ("shared/…") and aligned
+(64 bytes; a page from 1 MiB). Each `onnx/<bucket>.onnx` is small and refers to it as ONNX external
+data, so the dir loads with any ONNX tool; `export/onnx_runtime.py` instead maps the file once and
+hands the same buffers to every bucket's session (`SessionOptions.add_initializer`), so the weights
+are in memory once.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import io
+import os
+import tempfile
+import warnings
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import torch
+from onnx import numpy_helper
+
+from .modules import Formulation, export_wrapper, formulation_for, frozen_ssms
+
+ONNX_OPSET = 20  # Gelu is a native op from opset 20
+WEIGHTS_FILE = "weights.bin"
+MIN_SHARED_BYTES = 1024  # smaller initializers stay inside each graph
+ALIGN = 64  # every tensor starts 64-byte aligned (SIMD loads straight from the mapped file)
+PAGE = 4096  # tensors of PAGE_ALIGN_BYTES or more start on a page (ORT may memory-map those itself)
+PAGE_ALIGN_BYTES = 1 << 20
+
+# The session options the exported graphs are meant for (recorded in the manifest). The graphs are
+# already optimised at ORT_ENABLE_EXTENDED; optimising again at load could only re-create weights
+# per session. MLAS pre-packing of MatMul weights would make a packed copy of every weight per
+# session (the Python API has no shared pre-packed container), so it is off.
+SESSION_OPTIONS = {
+    "graph_optimization_level": "ORT_DISABLE_ALL",
+    "config_entries": {"session.disable_prepacking": "1"},
+}
+OFFLINE_OPTIMIZATION_LEVEL = "ORT_ENABLE_EXTENDED"
+
+
+# --------------------------------------------------------------------------------------------
+# 1. torch → ONNX
+# --------------------------------------------------------------------------------------------
+
+
+def example_inputs(wrapper: torch.nn.Module, length: int, batch: int = 2, positions: int = 3) -> tuple:
+    ids = torch.ones(batch, length, dtype=torch.long)
+    mask = torch.ones(batch, length, dtype=torch.long)
+    types = torch.zeros(batch, length, dtype=torch.long)
+    if "mask_positions" in wrapper.input_names:
+        return ids, mask, types, torch.zeros(batch, positions, dtype=torch.long)
+    return ids, mask, types
+
+
+def torch_to_onnx(model: torch.nn.Module, length: int, formulation: Formulation, path: Path) -> None:
+    """Export `model` (BiGSForMaskedLM / BiGSForSequenceClassification) for sequence length `length`."""
+    batch = torch.export.Dim("batch")
+    with frozen_ssms(model, length, formulation):
+        wrapper = export_wrapper(model)
+        args = example_inputs(wrapper, length)
+        dynamic = {name: {0: batch} for name in wrapper.input_names}
+        if "mask_positions" in dynamic:
+            dynamic["mask_positions"][1] = torch.export.Dim("positions")
+        progress = io.StringIO()  # the exporter prints its steps to stdout even with verbose=False
+        with warnings.catch_warnings(), torch.no_grad(), contextlib.redirect_stdout(progress):
+            warnings.simplefilter("ignore")
+            torch.onnx.export(
+                wrapper,
+                args,
+                str(path),
+                dynamo=True,
+                opset_version=ONNX_OPSET,
+                input_names=list(wrapper.input_names),
+                output_names=list(wrapper.output_names),
+                dynamic_shapes=dynamic,
+                external_data=True,
+                optimize=True,
+                verbose=False,
+            )
+
+
+# --------------------------------------------------------------------------------------------
+# 2. ORT offline optimisation, 3. int8
+# --------------------------------------------------------------------------------------------
+
+
+def ort_optimize(src: Path, dst: Path) -> None:
+    """Write `src` optimised at `OFFLINE_OPTIMIZATION_LEVEL` to `dst` (weights in `dst`.data)."""
+    options = ort.SessionOptions()
+    options.graph_optimization_level = getattr(ort.GraphOptimizationLevel, OFFLINE_OPTIMIZATION_LEVEL)
+    options.optimized_model_filepath = str(dst)
+    options.add_session_config_entry("session.optimized_model_external_initializers_file_name", dst.name + ".data")
+    options.add_session_config_entry("session.optimized_model_external_initializers_min_size_in_bytes", "1024")
+    options.add_session_config_entry("session.disable_prepacking", "1")
+    ort.InferenceSession(str(src), options, providers=["CPUExecutionProvider"])
+
+
+def quantize_int8(src: Path, dst: Path) -> None:
+    """Dynamic int8 quantisation of the weight MatMuls/Gemms (activations quantised per call).
+
+    The SSM MatMuls have their constant on the left (T·u), so they are not weight MatMuls and stay
+    fp32, as do embeddings and LayerNorms."""
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    quantize_dynamic(
+        str(src),
+        str(dst),
+        weight_type=QuantType.QInt8,
+        op_types_to_quantize=["MatMul", "Gemm"],
+        use_external_data_format=True,
+        extra_options={"MatMulConstBOnly": True},
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# One weights file for every graph
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass
+class SharedWeights:
+    """Initializers moved out of the graphs into one file, one copy per distinct content."""
+
+    path: Path
+    tensors: dict[str, dict] = field(default_factory=dict)  # name → {dtype, shape, offset, length}
+    _by_content: dict[str, str] = field(default_factory=dict)  # content hash → name
+
+    def __post_init__(self):
+        self.path.write_bytes(b"")
+
+    def add(self, name: str, array: np.ndarray) -> str:
+        """Store `array` (once per content); returns its canonical name."""
+        array = np.ascontiguousarray(array)
+        digest = hashlib.sha256(f"{array.dtype.str}{array.shape}".encode() + array.tobytes()).hexdigest()
+        if digest in self._by_content:
+            return self._by_content[digest]
+        # Own namespace: a shared name never collides with a name the exporter gave something else.
+        canonical = f"shared/{name}"
+        if canonical in self.tensors:  # same name, other content (e.g. an SSM constant per bucket)
+            canonical = f"{canonical}.{digest[:12]}"
+        with self.path.open("ab") as f:
+            align = PAGE if array.nbytes >= PAGE_ALIGN_BYTES else ALIGN
+            offset = -(-f.tell() // align) * align
+            f.write(b"\0" * (offset - f.tell()))
+            f.write(array.tobytes())
+        self.tensors[canonical] = {
+            "dtype": array.dtype.name,
+            "shape": list(array.shape),
+            "offset": offset,
+            "length": array.nbytes,
+        }
+        self._by_content[digest] = canonical
+        return canonical
+
+    def externalize(self, model: onnx.ModelProto) -> list[str]:
+        """Move `model`'s large initializers into the file and point the graph at it; returns their names."""
+        renames, shared, duplicates = {}, [], []
+        for init in model.graph.initializer:
+            array = numpy_helper.to_array(init)
+            if array.nbytes < MIN_SHARED_BYTES:
+                continue
+            canonical = self.add(init.name, array)
+            entry = self.tensors[canonical]
+            renames[init.name] = canonical
+            if canonical in shared:  # the same content twice in one graph: keep one initializer
+                duplicates.append(init)
+                continue
+            init.name = canonical
+            init.ClearField("raw_data")
+            for f in ("float_data", "int32_data", "int64_data", "double_data", "uint64_data", "string_data"):
+                init.ClearField(f)
+            init.data_location = onnx.TensorProto.EXTERNAL
+            del init.external_data[:]
+            for key, value in (("location", self.path.name), ("offset", entry["offset"]), ("length", entry["length"])):
+                init.external_data.add(key=key, value=str(value))
+            shared.append(canonical)
+        for init in duplicates:
+            model.graph.initializer.remove(init)
+        _rename_inputs(model.graph, renames)
+        return shared
+
+
+def _rename_inputs(graph: onnx.GraphProto, renames: dict[str, str]) -> None:
+    for node in graph.node:
+        for i, name in enumerate(node.input):
+            if name in renames:
+                node.input[i] = renames[name]
+        for attr in node.attribute:  # subgraphs (none expected; kept correct anyway)
+            if attr.type == onnx.AttributeProto.GRAPH:
+                _rename_inputs(attr.g, renames)
+    for value in graph.value_info:
+        if value.name in renames:
+            value.name = renames[value.name]
+
+
+# --------------------------------------------------------------------------------------------
+# Driver
+# --------------------------------------------------------------------------------------------
+
+
+def io_spec(model: onnx.ModelProto) -> dict:
+    """Input/output names, dtypes and shapes (symbolic dims by name) of a graph."""
+
+    def describe(values):
+        out = []
+        for v in values:
+            t = v.type.tensor_type
+            shape = [d.dim_param if d.dim_param else d.dim_value for d in t.shape.dim]
+            out.append(
+                {"name": v.name, "dtype": onnx.helper.tensor_dtype_to_np_dtype(t.elem_type).name, "shape": shape}
+            )
+        return out
+
+    return {"inputs": describe(model.graph.input), "outputs": describe(model.graph.output)}
+
+
+def finish_graph(src: Path, dst: Path, weights: SharedWeights) -> dict:
+    """Load an exported/optimised graph, move its weights to the shared file, check and save it."""
+    model = onnx.load(str(src), load_external_data=True)
+    shared = weights.externalize(model)
+    onnx.save(model, str(dst))
+    onnx.checker.check_model(str(dst))  # by path: resolves the external data
+    ops = Counter(n.op_type for n in model.graph.node)
+    return {"shared_initializers": shared, "op_types": dict(sorted(ops.items())), **io_spec(model)}
+
+
+def export_onnx(model: torch.nn.Module, buckets: list[int], onnx_dir: Path, quantize: str | None = None) -> dict:
+    """Export every bucket into `onnx_dir`; returns the manifest's "onnx" section (files relative to
+    the export dir; hashes and parity are added by the caller)."""
+    onnx_dir.mkdir(parents=True, exist_ok=True)
+    weights = SharedWeights(onnx_dir / WEIGHTS_FILE)
+    section = {
+        "exporter": f"torch.onnx.export(dynamo=True, opset_version={ONNX_OPSET})",
+        "offline_optimization": OFFLINE_OPTIMIZATION_LEVEL,
+        "session_options": SESSION_OPTIONS,
+        "weights_file": f"onnx/{WEIGHTS_FILE}",
+        "buckets": {},
+    }
+    with tempfile.TemporaryDirectory(prefix="bigs-onnx-") as tmp:
+        tmp = Path(tmp)
+        for length in buckets:
+            formulation = formulation_for(length)
+            raw, optimized = tmp / f"{length}.raw.onnx", tmp / f"{length}.opt.onnx"
+            torch_to_onnx(model, length, formulation, raw)
+            ort_optimize(raw, optimized)
+            entry = {"file": f"onnx/{length}.onnx", **formulation.as_dict()}
+            entry.update(finish_graph(optimized, onnx_dir / f"{length}.onnx", weights))
+            if quantize == "int8":
+                q_raw, q_opt = tmp / f"{length}.int8.raw.onnx", tmp / f"{length}.int8.opt.onnx"
+                quantize_int8(raw, q_raw)
+                ort_optimize(q_raw, q_opt)
+                q_entry = {"file": f"onnx/{length}.int8.onnx", **formulation.as_dict()}
+                q_entry.update(finish_graph(q_opt, onnx_dir / f"{length}.int8.onnx", weights))
+                entry["int8"] = q_entry
+            section["buckets"][str(length)] = entry
+            for f in tmp.iterdir():  # keep the temp dir small for big models
+                os.remove(f)
+    section["weights"] = weights.tensors
+    return section

@@ -1,0 +1,99 @@
+"""Load an export dir's ONNX graphs into ORT sessions that share ONE copy of the weights.
+
+Needs only numpy and onnxruntime (no torch, no onnx): what the service imports. The graphs refer to
+`onnx/weights.bin` as external data; loading each by path would make every session read its own
+copy. Instead the file is memory-mapped once, every tensor of the manifest's weight table becomes
+one `OrtValue` over that mapping (no copy), and each bucket's session gets the same OrtValues via
+`SessionOptions.add_initializer`. ORT uses a user-supplied initializer in place, so the weights are
+resident once for all buckets (and, being file-backed, shared by worker processes through the page
+cache). Session options are the manifest's (optimisation off: the graphs are optimised offline;
+MLAS pre-packing off: it would give each session a packed copy of every MatMul weight).
+
+    sessions = load_sessions("export_dir")            # {128: InferenceSession, 256: …}
+    logits, embeddings = sessions[128].run(None, feeds)
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+
+
+@dataclass
+class SharedWeights:
+    """The weights file, mapped once, and one OrtValue per tensor over it."""
+
+    mapping: np.memmap
+    values: dict[str, ort.OrtValue]
+    arrays: dict[str, np.ndarray]  # the numpy views the OrtValues wrap (kept alive with them)
+
+
+def read_manifest(export_dir: str | Path) -> dict:
+    return json.loads((Path(export_dir) / "manifest.json").read_text())
+
+
+def map_weights(export_dir: str | Path, manifest: dict | None = None) -> SharedWeights:
+    """Memory-map `onnx/weights.bin` and wrap each tensor of the manifest's table in an OrtValue."""
+    export_dir = Path(export_dir)
+    section = (manifest or read_manifest(export_dir))["onnx"]
+    # Copy-on-write: pages stay shared with the page cache (and other processes) unless written.
+    mapping = np.memmap(export_dir / section["weights_file"], dtype=np.uint8, mode="c")
+    arrays, values = {}, {}
+    for name, t in section["weights"].items():
+        dtype = np.dtype(t["dtype"])
+        array = np.frombuffer(mapping, dtype=dtype, count=t["length"] // dtype.itemsize, offset=t["offset"])
+        arrays[name] = array.reshape(t["shape"])
+        values[name] = ort.OrtValue.ortvalue_from_numpy(arrays[name])
+    return SharedWeights(mapping, values, arrays)
+
+
+def session_options(manifest: dict, intra_op_threads: int | None = None) -> ort.SessionOptions:
+    """The session options the export was made for (manifest["onnx"]["session_options"])."""
+    spec = manifest["onnx"]["session_options"]
+    options = ort.SessionOptions()
+    options.graph_optimization_level = getattr(ort.GraphOptimizationLevel, spec["graph_optimization_level"])
+    for key, value in spec.get("config_entries", {}).items():
+        options.add_session_config_entry(key, value)
+    if intra_op_threads:
+        options.intra_op_num_threads = intra_op_threads
+    return options
+
+
+def load_sessions(
+    export_dir: str | Path,
+    buckets: list[int] | None = None,
+    variant: str = "fp32",
+    intra_op_threads: int | None = None,
+    shared: SharedWeights | None = None,
+    providers: list[str] | None = None,
+) -> dict[int, ort.InferenceSession]:
+    """{bucket: InferenceSession} for the export dir's ONNX graphs, all over one copy of the weights.
+
+    `variant` is "fp32" or "int8" (when exported with --quantize int8). Pass `shared` (from
+    `map_weights`) to reuse a mapping across calls; each session keeps a reference to it.
+    """
+    export_dir = Path(export_dir)
+    manifest = read_manifest(export_dir)
+    shared = shared or map_weights(export_dir, manifest)
+    sessions = {}
+    for key, entry in manifest["onnx"]["buckets"].items():
+        bucket = int(key)
+        if buckets is not None and bucket not in buckets:
+            continue
+        if variant != "fp32":
+            if variant not in entry:
+                raise ValueError(f"bucket {bucket} has no {variant!r} graph (export with --quantize {variant})")
+            entry = entry[variant]
+        options = session_options(manifest, intra_op_threads)
+        for name in entry["shared_initializers"]:
+            options.add_initializer(name, shared.values[name])
+        session = ort.InferenceSession(
+            str(export_dir / entry["file"]), options, providers=providers or ["CPUExecutionProvider"]
+        )
+        session.bigs_shared_weights = shared  # the OrtValues must outlive the session
+        sessions[bucket] = session
+    return sessions

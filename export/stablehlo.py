@@ -1,0 +1,225 @@
+"""Flax model → StableHLO, one serialized `jax.export.Exported` per (head, length bucket).
+
+Each artifact is `stablehlo/<head>_<bucket>.bin` = `exported.serialize()` of a jitted function
+
+    f(params, input_ids, attention_mask, token_type_ids[, mask_positions]) → outputs
+
+over the Flax model of model/modeling_flax_bigs.py, with a symbolic batch dimension `b` (and `p`,
+the number of mask positions, for fill-mask) and the sequence length fixed to the bucket: the
+Flax SSM uses an FFT, whose length must be static (DESIGN §3). Input ids are int32 (JAX without
+x64).
+
+Weights are arguments by default: `params` is a flat list whose order and provenance the manifest
+records (`params`: the safetensors key of each leaf and whether it is transposed), so a runtime
+rebuilds it from the export dir's model.safetensors with no model code (export/stablehlo_runtime.py),
+and the ~100 KB artifacts of every bucket share one copy of the weights. `embed_weights=True`
+closes over them instead: self-contained artifacts, each as large as the model.
+
+Heads: fill-mask → logits (b, p, vocab) at `mask_positions`; classification → logits
+(b, num_labels); embeddings → mean of the last hidden state over real tokens (b, d), before the
+pooler, as in the ONNX graphs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from model.configuration_bigs import BiGSConfig
+from model.convert import flax_path_to_torch_key, torch_to_flax
+from model.modeling_flax_bigs import (
+    FlaxBiGSForMaskedLMModule,
+    FlaxBiGSForSequenceClassificationModule,
+    FlaxBiGSModule,
+)
+
+PLATFORMS = ("cpu", "cuda", "tpu")  # lowered for all where this jax can; cpu alone otherwise
+INPUT_DTYPE = jnp.int32
+BASE_INPUTS = ("input_ids", "attention_mask", "token_type_ids")
+
+
+# --------------------------------------------------------------------------------------------
+# Heads as pure functions of (params tree, inputs)
+# --------------------------------------------------------------------------------------------
+
+
+def _mean_over_real_tokens(X, attention_mask):
+    weights = attention_mask.astype(X.dtype)[..., None]  # (b, L, 1)
+    return (X * weights).sum(axis=1) / weights.sum(axis=1)  # (b, d)
+
+
+def head_spec(config: BiGSConfig, head: str) -> tuple[Callable, Callable[[Mapping], dict], tuple, tuple]:
+    """(apply(tree, *inputs) → outputs, select(full tree) → the subtree the head needs, input names, output names)."""
+
+    def without_pooler(tree):
+        return {k: v for k, v in tree["s4_bert"].items() if k != "pooler"}
+
+    if head == "fill-mask":
+        module = FlaxBiGSForMaskedLMModule(config)
+
+        def apply(tree, input_ids, attention_mask, token_type_ids, mask_positions):
+            logits = module.apply(
+                {"params": tree}, input_ids, attention_mask, token_type_ids, logits_positions=mask_positions
+            )
+            return {"logits": logits}
+
+        return (
+            apply,
+            lambda full: {"s4_bert": without_pooler(full), "cls": full["cls"]},
+            (*BASE_INPUTS, "mask_positions"),
+            ("logits",),
+        )
+    if head == "classification":
+        module = FlaxBiGSForSequenceClassificationModule(config)
+
+        def apply(tree, input_ids, attention_mask, token_type_ids):
+            return {"logits": module.apply({"params": tree}, input_ids, attention_mask, token_type_ids)}
+
+        return (
+            apply,
+            lambda full: {"s4_bert": full["s4_bert"], "classifier": full["classifier"]},
+            BASE_INPUTS,
+            ("logits",),
+        )
+    if head == "embeddings":
+        module = FlaxBiGSModule(config, add_pooling_layer=False)
+
+        def apply(tree, input_ids, attention_mask, token_type_ids):
+            X, _, _ = module.apply({"params": tree}, input_ids, attention_mask, token_type_ids)
+            return {"embeddings": _mean_over_real_tokens(X, attention_mask)}
+
+        return apply, without_pooler, BASE_INPUTS, ("embeddings",)
+    raise ValueError(f"unknown head {head!r}")
+
+
+def flatten_params(tree: Mapping, prefix: tuple[str, ...] = ()) -> list[tuple[tuple[str, ...], np.ndarray]]:
+    """Leaves in a fixed (sorted) order with their paths."""
+    leaves = []
+    for key in sorted(tree):
+        value = tree[key]
+        if isinstance(value, Mapping):
+            leaves.extend(flatten_params(value, prefix + (str(key),)))
+        else:
+            leaves.append((prefix + (str(key),), np.asarray(value, dtype=np.float32)))
+    return leaves
+
+
+def unflatten(paths: list[tuple[str, ...]], leaves) -> dict:
+    tree: dict = {}
+    for path, leaf in zip(paths, leaves, strict=True):
+        node = tree
+        for part in path[:-1]:
+            node = node.setdefault(part, {})
+        node[path[-1]] = leaf
+    return tree
+
+
+def param_layout(head_tree: Mapping, root: tuple[str, ...]) -> list[dict]:
+    """Per leaf: the safetensors key it comes from, whether it is transposed, shape and dtype.
+
+    `root` is the path of the head's subtree inside the full Flax tree (empty, or ("s4_bert",) for
+    the embeddings head, whose tree is the backbone alone)."""
+    layout = []
+    for path, array in flatten_params(head_tree):
+        key, transpose = flax_path_to_torch_key(root + path)
+        layout.append(
+            {"path": "/".join(path), "key": key, "transpose": transpose, "shape": list(array.shape), "dtype": "float32"}
+        )
+    return layout
+
+
+# --------------------------------------------------------------------------------------------
+# Export
+# --------------------------------------------------------------------------------------------
+
+
+def input_specs(length: int, input_names: tuple) -> list[jax.ShapeDtypeStruct]:
+    b, p = jax.export.symbolic_shape("b, p")
+    specs = [jax.ShapeDtypeStruct((b, length), INPUT_DTYPE) for _ in BASE_INPUTS]
+    if "mask_positions" in input_names:
+        specs.append(jax.ShapeDtypeStruct((b, p), INPUT_DTYPE))
+    return specs
+
+
+def export_one(config, head, length, head_tree, embed_weights: bool, platforms) -> jax.export.Exported:
+    apply, _, input_names, output_names = head_spec(config, head)
+    leaves = flatten_params(head_tree)
+    paths = [p for p, _ in leaves]
+    inputs = input_specs(length, input_names)
+    if embed_weights:
+        constants = unflatten(paths, [jnp.asarray(a) for _, a in leaves])
+
+        def fn(*args):
+            out = apply(constants, *args)
+            return tuple(out[n] for n in output_names)
+
+        return jax.export.export(jax.jit(fn), platforms=platforms)(*inputs)
+
+    def fn(params, *args):
+        out = apply(unflatten(paths, params), *args)
+        return tuple(out[n] for n in output_names)
+
+    param_specs = [jax.ShapeDtypeStruct(a.shape, jnp.float32) for _, a in leaves]
+    return jax.export.export(jax.jit(fn), platforms=platforms)(param_specs, *inputs)
+
+
+def heads_for(architecture: str) -> list[str]:
+    if architecture == "BiGSForMaskedLM":
+        return ["fill-mask", "embeddings"]
+    if architecture == "BiGSForSequenceClassification":
+        return ["classification", "embeddings"]
+    raise ValueError(f"cannot export architecture {architecture!r}")
+
+
+def export_stablehlo(
+    config: BiGSConfig,
+    state_dict: Mapping[str, np.ndarray],
+    architecture: str,
+    buckets: list[int],
+    out_dir: Path,
+    embed_weights: bool = False,
+) -> dict:
+    """Write stablehlo/<head>_<bucket>.bin for every head and bucket; returns the manifest section."""
+    hlo_dir = out_dir / "stablehlo"
+    hlo_dir.mkdir(parents=True, exist_ok=True)
+    full_tree = torch_to_flax(state_dict)
+    platforms, platform_note = list(PLATFORMS), None
+    section = {"weights": "embedded" if embed_weights else "arguments", "heads": {}}
+    for head in heads_for(architecture):
+        _, select, input_names, output_names = head_spec(config, head)
+        head_tree = select(full_tree)
+        root = ("s4_bert",) if head == "embeddings" else ()
+        entry = {
+            "inputs": [
+                {"name": n, "dtype": "int32", "shape": ["b", "p" if n == "mask_positions" else "L"]}
+                for n in input_names
+            ],
+            "outputs": list(output_names),
+            "params": None if embed_weights else param_layout(head_tree, root),
+            "buckets": {},
+        }
+        for length in buckets:
+            try:
+                exported = export_one(config, head, length, head_tree, embed_weights, tuple(platforms))
+            except Exception as error:  # this jax cannot lower for an accelerator: cpu only
+                if platforms == ["cpu"]:
+                    raise
+                platforms, platform_note = ["cpu"], f"{type(error).__name__}: {str(error)[:300]}"
+                exported = export_one(config, head, length, head_tree, embed_weights, ("cpu",))
+            path = hlo_dir / f"{head}_{length}.bin"
+            path.write_bytes(exported.serialize())
+            entry["buckets"][str(length)] = {
+                "file": f"stablehlo/{path.name}",
+                "platforms": list(exported.platforms),
+                "in_shapes": [str(a) for a in exported.in_avals],
+                "out_shapes": [str(a) for a in exported.out_avals],
+            }
+        section["heads"][head] = entry
+    section["platforms"] = platforms
+    if platform_note:
+        section["platform_fallback"] = platform_note
+    return section
