@@ -159,7 +159,9 @@ def _masked_lm(config: TrainConfig, started: float) -> Path:
             raise ValueError("stage extend needs init_from: the shorter artifact to continue from")
         model_config, source_params = load_artifact(config.init_from)
         old_length = model_config.max_position_embeddings
-        model_config.max_position_embeddings = max(old_length, seq_len)
+        # Positions grow to the longest of: the source, the training length, and
+        # model.max_position_embeddings (train at 512, serve up to 4,096 from the same tiling).
+        model_config.max_position_embeddings = max(old_length, seq_len, config.model.max_position_embeddings)
         start_params = extend_positions(source_params, model_config.max_position_embeddings)
     else:
         model_config, start_params, old_length = None, None, None
