@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# Set up and serve the embedded default models on a fresh machine:
+#   bash scripts/serve_default.sh            (then: curl localhost:8000/ready)
+# Creates .venv, installs the project (serving + export), exports every artifact dir under models/
+# to build/models/<name>/ once (ONNX + StableHLO per length bucket, checked against torch), and
+# runs `bigs serve` on them. Environment variables BIGS_* (see service/settings.py) still apply.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+if [ ! -x .venv/bin/python ]; then
+  python3 -m venv .venv
+fi
+. .venv/bin/activate
+python -m pip install --quiet "torch==2.13.0"          # the CPU wheel; any other version pulls CUDA
+python -m pip install --quiet -e ".[serve,export]"
+
+models=()
+for artifact in models/*/; do
+  [ -f "$artifact/config.json" ] || continue
+  name=$(basename "$artifact")
+  out="build/models/$name"
+  if [ ! -f "$out/manifest.json" ]; then
+    echo "exporting $artifact -> $out"
+    bigs export "$artifact" "$out"
+  fi
+  models+=(--model "$name=$out")
+done
+if [ ${#models[@]} -eq 0 ]; then
+  echo "no artifact dir under models/ (train one: bigs train mlm --config training/recipes/mini-mlm.toml)" >&2
+  exit 1
+fi
+exec bigs serve "${models[@]}" --host "${BIGS_HOST:-127.0.0.1}" --port "${BIGS_PORT:-8000}"
