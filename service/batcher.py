@@ -29,7 +29,6 @@ from .runtimes import Runtime
 from .settings import ServiceSettings
 from .tokenization import Encoded
 
-
 # A lane that has run nothing for this long is idle: its next input is not held to gather others.
 IDLE_AFTER_S = 0.25
 
