@@ -697,8 +697,9 @@ def test_disconnected_clients_work_is_dropped(server, client):
     docs = [text_of(1000, seed=200 + i) for i in range(64)]  # 4 batches of 16 x 1024 each: seconds here
 
     async def impatient():
-        async with httpx.AsyncClient(base_url=server.url, timeout=0.5) as c:
-            requests = (c.post("/v1/documents/classify", json={"inputs": docs}) for _ in range(2))
+        # 3 × 64 documents of ~1k tokens cannot be answered in 0.1 s: each needs 4 batches of 16.
+        async with httpx.AsyncClient(base_url=server.url, timeout=0.1) as c:
+            requests = (c.post("/v1/documents/classify", json={"inputs": docs}) for _ in range(3))
             return await asyncio.gather(*requests, return_exceptions=True)
 
     outcomes = asyncio.run(impatient())
@@ -713,8 +714,8 @@ def test_disconnected_clients_work_is_dropped(server, client):
         before, "bigs_dropped_inputs_total", model="cls"
     )
     computed = metric(after, "bigs_batch_size_sum", model="cls") - metric(before, "bigs_batch_size_sum", model="cls")
-    assert dropped > 0 and computed < 128 and dropped + computed == 128, (dropped, computed)
-    assert metric(after, "bigs_requests_total", endpoint="/v1/documents/classify", status="499") >= 2
+    assert dropped > 0 and computed < 192 and dropped + computed == 192, (dropped, computed)
+    assert metric(after, "bigs_requests_total", endpoint="/v1/documents/classify", status="499") >= 1
     assert client.post("/v1/classify", json={"inputs": "still here"}).status_code == 200
 
 
