@@ -4,10 +4,11 @@ Each (head, bucket) has a FIFO queue. A lane is one worker thread plus the corou
 it; the short lane serves buckets below `long_bucket_min_length`, the long lane the rest, so a
 4,096-token batch that takes seconds never holds short requests back.
 
-A lane takes the queue whose oldest input has waited longest, then — if the lane has been busy
-lately — waits until that queue can fill a batch (token budget bucket × batch ≤ max_batch_tokens,
-and max_batch_size) or until max_wait_ms have passed since that oldest input arrived, whichever
-is first; an idle lane runs at once. It takes the largest
+A lane takes the queue whose oldest input has waited longest. While more requests for this model
+are on their way (admitted and being tokenized), it waits for them until that queue can fill a
+batch (token budget bucket × batch ≤ max_batch_tokens, and max_batch_size) or until max_wait_ms
+have passed since that oldest input arrived, whichever is first; with nothing on its way it runs
+at once, so a lone request never waits for company that is not coming. It takes the largest
 power of two of the inputs ready — batch shapes stay within the set that was warmed up — and
 runs them in its worker thread (ONNX Runtime and XLA release the GIL). Inputs whose client has
 gone or whose deadline has passed are dropped before they cost anything.
@@ -18,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import deque
+from contextlib import contextmanager
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
@@ -28,10 +30,6 @@ from .metrics import ServiceMetrics
 from .runtimes import Runtime
 from .settings import ServiceSettings
 from .tokenization import Encoded
-
-# A lane that has run nothing for this long is idle: its next input is not held to gather others.
-IDLE_AFTER_S = 0.25
-
 
 class DeadlineExceeded(Exception):
     pass
@@ -67,7 +65,6 @@ class Lane:
     executor: ThreadPoolExecutor
     wakeup: asyncio.Event = field(default_factory=asyncio.Event)
     task: asyncio.Task | None = None
-    last_busy: float = float("-inf")  # when its last batch finished
 
 
 class ModelBatcher:
@@ -82,6 +79,7 @@ class ModelBatcher:
             for name in ("short", "long")
         }
         self.stopping = False
+        self.arriving = 0  # requests admitted for this model whose inputs are not queued yet
 
     # -- shapes ---------------------------------------------------------------------------
 
@@ -124,6 +122,17 @@ class ModelBatcher:
 
     # -- the queue ------------------------------------------------------------------------
 
+    @contextmanager
+    def expecting(self):
+        """Around a request's tokenization: while it runs, lanes know more inputs are on their way."""
+        self.arriving += 1
+        try:
+            yield
+        finally:
+            self.arriving -= 1
+            for lane in self.lanes.values():  # a lane waiting for this request re-checks
+                lane.wakeup.set()
+
     def submit(self, job: Job) -> None:
         if self.stopping:
             raise RuntimeError("the service is shutting down")
@@ -162,11 +171,10 @@ class ModelBatcher:
                 continue
             queue = self.queues[key]
             cap = self.batch_sizes(key[1])[-1]
-            # An idle lane runs at once: waiting only pays when traffic is there to fill a batch
-            # (requests that arrive while a batch runs queue up and form the next one anyway).
-            recently_busy = time.perf_counter() - lane.last_busy < IDLE_AFTER_S
-            fill_by = queue[0].enqueued + (max_wait if recently_busy else 0.0)
-            while len(queue) < cap and not self.stopping:
+            # Waiting pays only for inputs that are coming: requests being tokenized now. Those that
+            # arrive while a batch runs queue up and form the next one anyway.
+            fill_by = queue[0].enqueued + max_wait
+            while len(queue) < cap and self.arriving and not self.stopping:
                 remaining = fill_by - time.perf_counter()
                 if remaining <= 0:
                     break
@@ -178,7 +186,6 @@ class ModelBatcher:
             jobs = self._take(queue, cap)
             if jobs:
                 await self._run(lane, key, jobs)
-                lane.last_busy = time.perf_counter()
 
     def _take(self, queue: deque[Job], cap: int) -> list[Job]:
         jobs: list[Job] = []

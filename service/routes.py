@@ -81,7 +81,8 @@ def check_count(state, items: list) -> None:
 async def tokenize(model: ServedModel, items: list, truncate: bool = False, documents: bool = False, limit=None):
     """`limit` (below the model's max length): the most tokens this endpoint takes; `truncate` cuts there."""
     try:
-        return await asyncio.to_thread(model.tokenizer.encode, items, truncate, documents, limit)
+        with model.batcher.expecting():  # the caller queues the result with no await in between
+            return await asyncio.to_thread(model.tokenizer.encode, items, truncate, documents, limit)
     except TooLong as error:
         if limit is None or limit >= model.max_length:
             raise ServiceError(413, "too_long", str(error)) from None
@@ -93,23 +94,33 @@ async def tokenize(model: ServedModel, items: list, truncate: bool = False, docu
         ) from None
 
 
+async def client_gone(request: Request) -> None:
+    """Returns when the client disconnects: the body has been read, so the next ASGI message the
+    server has for this request is `http.disconnect` (event-driven, nothing polled)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
 async def wait_for(request: Request, jobs: list[Job], deadline: float) -> list[np.ndarray]:
     futures = [job.future for job in jobs]
-    pending = set(futures)
+    gone = asyncio.ensure_future(client_gone(request))
     try:
+        pending = set(futures)
         while pending:
             remaining = deadline - time.perf_counter()
             if remaining <= 0:
                 raise ServiceError(504, "timeout", "the request deadline passed before it was answered")
-            _, pending = await asyncio.wait(pending, timeout=min(remaining, 0.25))
-            if pending and await request.is_disconnected():
+            await asyncio.wait(pending | {gone}, timeout=remaining, return_when=asyncio.FIRST_COMPLETED)
+            if gone.done():
                 raise ServiceError(499, "client_closed", "the client went away")
+            pending = {f for f in pending if not f.done()}
         return [f.result() for f in futures]
     except DeadlineExceeded as error:
         raise ServiceError(504, "timeout", str(error)) from None
     except RuntimeFailure as error:
         raise ServiceError(500, "runtime_error", f"the model failed on this batch: {error}") from None
     finally:
+        gone.cancel()
         for future in futures:  # whatever is still queued is dropped, not computed
             future.cancel()
 
