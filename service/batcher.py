@@ -19,8 +19,8 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import deque
-from contextlib import contextmanager
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -30,6 +30,7 @@ from .metrics import ServiceMetrics
 from .runtimes import Runtime
 from .settings import ServiceSettings
 from .tokenization import Encoded
+
 
 class DeadlineExceeded(Exception):
     pass
