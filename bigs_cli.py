@@ -185,6 +185,7 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--max-in-flight", type=int)
     serve.add_argument("--request-timeout-s", type=float)
     serve.add_argument("--intra-op-threads", type=int)
+    serve.add_argument("--ort-spin-wait", action=argparse.BooleanOptionalAction, default=None)
     serve.add_argument("--api-key")
     serve.set_defaults(func=cmd_serve)
 

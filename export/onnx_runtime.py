@@ -51,8 +51,14 @@ def map_weights(export_dir: str | Path, manifest: dict | None = None) -> SharedW
     return SharedWeights(mapping, values, arrays)
 
 
-def session_options(manifest: dict, intra_op_threads: int | None = None) -> ort.SessionOptions:
-    """The session options the export was made for (manifest["onnx"]["session_options"])."""
+def session_options(
+    manifest: dict, intra_op_threads: int | None = None, spin_wait: bool | None = None
+) -> ort.SessionOptions:
+    """The session options the export was made for (manifest["onnx"]["session_options"]).
+
+    `spin_wait=False` stops ORT's intra-op threads from spinning after each run (ORT spins by
+    default). A server runs several sessions at once (a short and a long lane) next to its own
+    Python threads; spinning threads then take the cores the others need."""
     spec = manifest["onnx"]["session_options"]
     options = ort.SessionOptions()
     options.graph_optimization_level = getattr(ort.GraphOptimizationLevel, spec["graph_optimization_level"])
@@ -60,6 +66,8 @@ def session_options(manifest: dict, intra_op_threads: int | None = None) -> ort.
         options.add_session_config_entry(key, value)
     if intra_op_threads:
         options.intra_op_num_threads = intra_op_threads
+    if spin_wait is not None:
+        options.add_session_config_entry("session.intra_op.allow_spinning", "1" if spin_wait else "0")
     return options
 
 
@@ -70,6 +78,7 @@ def load_sessions(
     intra_op_threads: int | None = None,
     shared: SharedWeights | None = None,
     providers: list[str] | None = None,
+    spin_wait: bool | None = None,
 ) -> dict[int, ort.InferenceSession]:
     """{bucket: InferenceSession} for the export dir's ONNX graphs, all over one copy of the weights.
 
@@ -88,7 +97,7 @@ def load_sessions(
             if variant not in entry:
                 raise ValueError(f"bucket {bucket} has no {variant!r} graph (export with --quantize {variant})")
             entry = entry[variant]
-        options = session_options(manifest, intra_op_threads)
+        options = session_options(manifest, intra_op_threads, spin_wait)
         for name in entry["shared_initializers"]:
             options.add_initializer(name, shared.values[name])
         session = ort.InferenceSession(

@@ -62,7 +62,7 @@ class ServedModel:
         tokenizer_json = self.export_dir / "tokenizer.json"
         self.tokenizer = RequestTokenizer(tokenizer_json, self.max_length)
         self.runtime: Runtime = load_runtime(
-            settings.runtime, self.export_dir, self.manifest, settings.intra_op_threads
+            settings.runtime, self.export_dir, self.manifest, settings.intra_op_threads, settings.ort_spin_wait
         )
         self.batcher = ModelBatcher(name, self.runtime, settings, metrics)
 

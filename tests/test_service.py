@@ -617,6 +617,17 @@ def test_runtimes_agree_with_onnx(client, start_server, runtime):
             assert_same(got.json(), want.json(), tol=1e-4, path=f"{runtime} {path}")
 
 
+@pytest.mark.parametrize("spin_wait", [False, True])
+def test_ort_spin_wait_reaches_every_session(exports, spin_wait):
+    from export.onnx_runtime import read_manifest
+    from service.runtimes import load_runtime
+
+    runtime = load_runtime("onnx", exports["cls"], read_manifest(exports["cls"]), ort_spin_wait=spin_wait)
+    for session in runtime.sessions.values():
+        entry = session.get_session_options().get_session_config_entry("session.intra_op.allow_spinning")
+        assert entry == ("1" if spin_wait else "0")
+
+
 # -- a failing runtime fails its batch only ---------------------------------------------------
 
 

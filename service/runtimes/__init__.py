@@ -29,11 +29,13 @@ class Runtime(Protocol):
         ...
 
 
-def load_runtime(kind: str, export_dir: str | Path, manifest: dict, intra_op_threads: int = 0) -> Runtime:
+def load_runtime(
+    kind: str, export_dir: str | Path, manifest: dict, intra_op_threads: int = 0, ort_spin_wait: bool = False
+) -> Runtime:
     if kind == "onnx":
         from .onnx import OnnxRuntime
 
-        return OnnxRuntime(export_dir, manifest, intra_op_threads)
+        return OnnxRuntime(export_dir, manifest, intra_op_threads, ort_spin_wait)
     if kind == "stablehlo":
         from .stablehlo import StableHLORuntime
 

@@ -21,12 +21,15 @@ def available_providers() -> list[str]:
 class OnnxRuntime:
     kind = "onnx"
 
-    def __init__(self, export_dir: str | Path, manifest: dict, intra_op_threads: int = 0):
+    def __init__(self, export_dir: str | Path, manifest: dict, intra_op_threads: int = 0, spin_wait: bool = False):
         if "onnx" not in manifest:
             raise ValueError(f"{export_dir} has no ONNX graphs (export with --formats onnx)")
         self.heads = list(manifest["tasks"])
         self.sessions = load_sessions(
-            export_dir, intra_op_threads=intra_op_threads or None, providers=available_providers()
+            export_dir,
+            intra_op_threads=intra_op_threads or None,
+            providers=available_providers(),
+            spin_wait=spin_wait,
         )
         self.buckets = sorted(self.sessions)
         first = self.sessions[self.buckets[0]]
