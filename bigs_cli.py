@@ -96,10 +96,8 @@ def cmd_export(args: argparse.Namespace) -> None:
     )
     manifest = export_artifact(args.paths[0], args.paths[1], options)
     print(summary(manifest, args.paths[1]))
-    if not manifest["parity"]["passed"]:
-        print(
-            f"FAILED: parity above tolerance {options.tolerance:g}: {manifest['parity']['breaches']}", file=sys.stderr
-        )
+    if not manifest.parity.passed:
+        print(f"FAILED: parity above tolerance {options.tolerance:g}: {manifest.parity.breaches}", file=sys.stderr)
         sys.exit(1)
 
 

@@ -39,18 +39,12 @@ def prepare(args) -> tuple[Path, Path]:
         bigs_cli.main(["init", str(artifact), "--hidden-size", str(args.hidden), "--layers", str(args.layers),
                        "--max-length", str(args.max_length), "--seed", "0"])  # fmt: skip
     if not (export_dir / "manifest.json").is_file() or args.re_export:
-        from export.build import copy_artifact, resolve_buckets
-        from export.manifest import versions, write_manifest
-        from export.onnx import export_onnx
-        from export.parity import load_reference
+        from export.build import ExportOptions, export_artifact
 
-        copy_artifact(artifact, export_dir)
-        model = load_reference(export_dir)
-        buckets = resolve_buckets(None, model.config.max_position_embeddings)
         start = time.perf_counter()
-        section = export_onnx(model, buckets, export_dir / "onnx")
-        print(f"exported {len(buckets)} ONNX buckets in {time.perf_counter() - start:.0f} s", file=sys.stderr)
-        write_manifest(export_dir, {"buckets": buckets, "onnx": section, "versions": versions()})
+        manifest = export_artifact(artifact, export_dir, ExportOptions(formats=("onnx",)))
+        print(f"exported {len(manifest.buckets)} ONNX buckets (parity measured) in "
+              f"{time.perf_counter() - start:.0f} s", file=sys.stderr)  # fmt: skip
     return artifact, export_dir
 
 
@@ -74,22 +68,26 @@ def interleaved_ms(fns: dict, repeats: int) -> tuple[dict[str, float], dict[str,
 def latency_table(args, export_dir: Path) -> str:
     import torch
 
-    from export.onnx_runtime import load_sessions, read_manifest
+    from export.manifest import read_manifest
+    from export.onnx_runtime import load_sessions
     from export.parity import load_reference
     from model.modeling_bigs import mean_pool
 
     manifest = read_manifest(export_dir)
     model = load_reference(export_dir)  # torch eager, FFT formulation, fp32
     sessions = load_sessions(
-        export_dir, buckets=[b for b in manifest["buckets"] if b <= args.max_bucket], intra_op_threads=args.threads
+        export_dir,
+        buckets=[b for b in manifest.buckets if b <= args.max_bucket],
+        intra_op_threads=args.threads,
+        manifest=manifest,
     )
     rows = [
         "| bucket | SSM form | batch | ORT ms, median (min) | torch eager ms, median (min) | torch / ORT | max abs diff |",
         "|---:|---|---:|---:|---:|---:|---:|",
     ]
     for bucket, session in sorted(sessions.items()):
-        entry = manifest["onnx"]["buckets"][str(bucket)]
-        form = entry["ssm_formulation"] + (f" {entry['chunk']}" if entry["chunk"] else "")
+        entry = manifest.onnx.buckets[bucket]
+        form = entry.ssm_formulation + (f" {entry.chunk}" if entry.chunk else "")
         for batch in (1, 8):
             if batch == 8 and bucket > args.batch8_max_bucket:
                 rows.append(f"| {bucket} | {form} | 8 | – | – | – | skipped (> --batch8-max-bucket) |")
@@ -172,11 +170,11 @@ def rss_child(mode: str, buckets: list[int], export_dir: Path) -> dict:
 
 
 def memory_table(export_dir: Path, max_bucket: int) -> str:
-    from export.onnx_runtime import read_manifest
+    from export.manifest import read_manifest
 
     manifest = read_manifest(export_dir)
-    all_buckets = [b for b in manifest["buckets"] if b <= max_bucket]
-    weights_mib = (export_dir / manifest["onnx"]["weights_file"]).stat().st_size / 2**20
+    all_buckets = [b for b in manifest.buckets if b <= max_bucket]
+    weights_mib = (export_dir / manifest.onnx.weights_file).stat().st_size / 2**20
     rows = [
         f"weights file {weights_mib:.0f} MiB (all buckets' graphs; model params "
         f"{(export_dir / 'model.safetensors').stat().st_size / 2**20:.0f} MiB)",

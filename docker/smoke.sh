@@ -89,8 +89,8 @@ for art in "${artifacts[@]}"; do
   out=$MODELS_SRC/$name
   if [ -z "${BIGS_REEXPORT:-}" ] && [ -f "$out/manifest.json" ] &&
     [ -z "$(find "$art" -maxdepth 1 -type f -newer "$out/manifest.json" | head -1)" ] &&
-    "$PY" -c "import json,sys; m=json.load(open(sys.argv[1])); sys.exit(not all(f in m for f in sys.argv[2].split(',')))" \
-      "$out/manifest.json" "$FORMATS"; then
+    "$PY" -c "import sys; from export.manifest import read_manifest; m = read_manifest(sys.argv[1]);
+sys.exit(not all(getattr(m, f) for f in sys.argv[2].split(',')))" "$out" "$FORMATS" 2>/dev/null; then
     log "reusing $out (newer than $art; BIGS_REEXPORT=1 to redo)"
     continue
   fi

@@ -7,7 +7,8 @@
 
 Steps: copy the artifact; load the torch model (fp32); export ONNX per bucket (export/onnx.py) and
 StableHLO per head and bucket (export/stablehlo.py); measure every file against the torch reference
-on fixed inputs (export/verify.py); hash every file; write the manifest (export/manifest.py).
+on fixed inputs (export/parity.py); hash every file (export/integrity.py); write the manifest
+(export/manifest.py).
 Works on `bigs init` / save_pretrained dirs and on published-layout checkpoint dirs alike: both are
 read through `from_pretrained` (torch) and the safetensors keys (Flax).
 """
@@ -19,8 +20,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from . import parity
-from .manifest import FORMAT_VERSION, file_table, versions, write_manifest
-from .verify import DEFAULT_TOLERANCE, describe, measure_onnx, measure_stablehlo, references
+from .heads import heads_for
+from .integrity import file_table
+from .manifest import Int8Accuracy, Manifest, ModelInfo, Parity, TokenizerInfo, versions
+from .verify import DEFAULT_TOLERANCE
 
 DEFAULT_BUCKETS = (128, 256, 512, 1024, 2048, 4096)
 FORMATS = ("onnx", "stablehlo")
@@ -71,24 +74,26 @@ def copy_artifact(artifact_dir: Path, out_dir: Path) -> None:
             shutil.copy2(path, out_dir / path.name)
 
 
-def ensure_tokenizer(out_dir: Path, config) -> dict:
+def ensure_tokenizer(out_dir: Path, config) -> TokenizerInfo:
     """Tokenizer files of the dir; a published checkpoint dir may have none: BiGS uses BERT uncased
     WordPiece, so with the BERT vocab size the project's copy is written (and the manifest says so)."""
     present = [f for f in TOKENIZER_FILES if (out_dir / f).is_file()]
     if present:
-        return {"files": present, "source": "artifact"}
+        return TokenizerInfo(files=present, source="artifact")
     if config.vocab_size == BERT_VOCAB_SIZE:
         from model.tokenizer import save_tokenizer
 
         written = save_tokenizer(out_dir, model_max_length=config.max_position_embeddings)
-        return {"files": sorted(written), "source": "bert-base-uncased WordPiece (model/assets), artifact had none"}
-    return {"files": [], "source": f"none: artifact has no tokenizer and vocab_size={config.vocab_size} is not BERT's"}
+        return TokenizerInfo(
+            files=sorted(written), source="bert-base-uncased WordPiece (model/assets), artifact had none"
+        )
+    return TokenizerInfo(
+        files=[], source=f"none: artifact has no tokenizer and vocab_size={config.vocab_size} is not BERT's"
+    )
 
 
-def export_artifact(artifact_dir: str | Path, out_dir: str | Path, options: ExportOptions | None = None) -> dict:
+def export_artifact(artifact_dir: str | Path, out_dir: str | Path, options: ExportOptions | None = None) -> Manifest:
     """Export `artifact_dir` into `out_dir`; returns the manifest (also written to out_dir/manifest.json)."""
-    from .stablehlo import heads_for
-
     options = options or ExportOptions()
     artifact_dir, out_dir = Path(artifact_dir), Path(out_dir)
     if not (artifact_dir / "config.json").is_file():
@@ -97,116 +102,110 @@ def export_artifact(artifact_dir: str | Path, out_dir: str | Path, options: Expo
     for stale in ("onnx", "stablehlo"):  # a re-export must not leave files of an earlier one
         shutil.rmtree(out_dir / stale, ignore_errors=True)
 
-    model = parity.load_reference(out_dir)
+    model = parity.load_reference(out_dir)  # the one torch reference of this export
     config = model.config
     architecture = parity.architecture_of(config)
     buckets = resolve_buckets(options.buckets, config.max_position_embeddings)
-    manifest = {
-        "format_version": FORMAT_VERSION,
-        "model": {
-            "name": artifact_dir.resolve().name,
-            "architecture": architecture,
-            "model_type": config.model_type,
-            "vocab_size": config.vocab_size,
-            "hidden_size": config.hidden_size,
-            "num_hidden_layers": config.num_hidden_layers,
-            "max_position_embeddings": config.max_position_embeddings,
-            "pad_token_id": config.pad_token_id,
-        },
-        "tasks": heads_for(architecture),
-        "embeddings": "mean of the last hidden state over real tokens (attention_mask = 1), before the pooler",
-        "labels": {str(k): v for k, v in config.id2label.items()}
-        if architecture == "BiGSForSequenceClassification"
-        else None,
-        "tokenizer": ensure_tokenizer(out_dir, config),
-        "buckets": buckets,
-        "parity": {
-            "reference": "torch, fp32, ssm_formulation='fft' (kernels in float64), same weights",
-            "tolerance": options.tolerance,
-            "criterion": "max_abs_diff <= tolerance * max(1, reference_max_abs), per output",
-            "seed": options.seed,
-            "cases": parity.CASES,
-        },
-    }
+    manifest = Manifest(
+        model=ModelInfo(
+            name=artifact_dir.resolve().name,
+            architecture=architecture,
+            model_type=config.model_type,
+            vocab_size=config.vocab_size,
+            hidden_size=config.hidden_size,
+            num_hidden_layers=config.num_hidden_layers,
+            max_position_embeddings=config.max_position_embeddings,
+            pad_token_id=config.pad_token_id,
+        ),
+        heads=heads_for(architecture),
+        embeddings="mean of the last hidden state over real tokens (attention_mask = 1), before the pooler",
+        labels=dict(config.id2label) if architecture == "BiGSForSequenceClassification" else None,
+        tokenizer=ensure_tokenizer(out_dir, config),
+        buckets=buckets,
+        parity=Parity(
+            reference="torch, fp32, ssm_formulation='fft' (kernels in float64), same weights",
+            tolerance=options.tolerance,
+            criterion="max_abs_diff <= tolerance * max(1, reference_max_abs), per output",
+            seed=options.seed,
+            cases=parity.CASES,
+        ),
+        versions=versions(),
+    )
 
     if "onnx" in options.formats:
         from .onnx import export_onnx
 
-        manifest["onnx"] = export_onnx(model, buckets, out_dir / "onnx", quantize=options.quantize)
+        manifest.onnx = export_onnx(model, buckets, out_dir / "onnx", quantize=options.quantize)
     if "stablehlo" in options.formats:
         from model.convert import load_torch_safetensors
 
         from .stablehlo import export_stablehlo
 
         state = load_torch_safetensors(out_dir / "model.safetensors")
-        manifest["stablehlo"] = export_stablehlo(
+        manifest.stablehlo = export_stablehlo(
             config, state, architecture, buckets, out_dir, embed_weights=options.embed_weights
         )
-    manifest["versions"] = versions()
-    write_manifest(out_dir, manifest)  # the runtimes below read it
 
-    refs = references(out_dir, manifest)
-    breaches = []
-    if "onnx" in manifest:
-        for bucket, measured in measure_onnx(out_dir, manifest, refs).items():
-            manifest["onnx"]["buckets"][bucket].update(measured)
-            if parity.error_ratio(measured) > options.tolerance:
-                breaches.append(f"onnx {bucket}: {describe(measured)}")
-        if options.quantize:
-            for bucket, measured in measure_onnx(out_dir, manifest, refs, variant="int8").items():
-                manifest["onnx"]["buckets"][bucket]["int8"]["accuracy"] = {
-                    "against": "torch fp32 reference, the parity inputs",
-                    "max_abs_logits_diff": measured["max_abs_diff"]["logits"],
-                    "max_abs_embeddings_diff": measured["max_abs_diff"]["embeddings"],
-                    "top1_agreement": measured["top1_agreement"],
-                }
-    if "stablehlo" in manifest:
-        for head, per_bucket in measure_stablehlo(out_dir, manifest, refs).items():
-            for bucket, measured in per_bucket.items():
-                manifest["stablehlo"]["heads"][head]["buckets"][bucket].update(measured)
-                if parity.error_ratio(measured) > options.tolerance:
-                    breaches.append(f"stablehlo {head} {bucket}: {describe(measured)}")
-    manifest["parity"]["passed"] = not breaches
-    manifest["parity"]["breaches"] = breaches
-
-    manifest["files"] = file_table(out_dir)
-    for section in ("onnx", "stablehlo"):  # per-bucket hashes next to the per-bucket facts
-        if section not in manifest:
-            continue
-        entries = (
-            manifest[section]["buckets"].values()
-            if section == "onnx"
-            else [b for h in manifest[section]["heads"].values() for b in h["buckets"].values()]
-        )
-        for entry in entries:
-            for e in (entry, entry.get("int8")):
-                if e:
-                    e["sha256"] = manifest["files"][e["file"]]["sha256"]
-    if "onnx" in manifest:
-        manifest["onnx"]["weights_sha256"] = manifest["files"][manifest["onnx"]["weights_file"]]["sha256"]
-    write_manifest(out_dir, manifest)
+    record_parity(
+        manifest, parity.measure_export(out_dir, manifest, parity.references(model, manifest), options.tolerance)
+    )
+    record_hashes(manifest, out_dir)
+    manifest.write(out_dir)
     return manifest
 
 
-def summary(manifest: dict, out_dir: str | Path) -> str:
+def record_parity(manifest: Manifest, report: parity.ParityReport) -> None:
+    """Each runtime file's measured differences beside it; int8 as accuracy against the fp32 reference."""
+    for bucket, measured in report.onnx.items():
+        manifest.onnx.buckets[bucket] = manifest.onnx.buckets[bucket].model_copy(update=measured.model_dump())
+    for bucket, (measured, top1) in report.onnx_int8.items():
+        manifest.onnx.buckets[bucket].int8.accuracy = Int8Accuracy(
+            against="torch fp32 reference, the parity inputs",
+            max_abs_logits_diff=measured.max_abs_diff["logits"],
+            max_abs_embeddings_diff=measured.max_abs_diff["embeddings"],
+            top1_agreement=top1,
+        )
+    for head, per_bucket in report.stablehlo.items():
+        artifacts = manifest.stablehlo.heads[head].buckets
+        for bucket, measured in per_bucket.items():
+            artifacts[bucket] = artifacts[bucket].model_copy(update=measured.model_dump())
+    manifest.parity.passed = not report.breaches
+    manifest.parity.breaches = report.breaches
+
+
+def record_hashes(manifest: Manifest, out_dir: Path) -> None:
+    """Every file's sha256 (export/integrity.py), repeated beside each runtime file's other facts."""
+    manifest.files = file_table(out_dir)
+    if manifest.onnx is not None:
+        for graph in manifest.onnx.buckets.values():
+            for g in (graph, graph.int8):
+                if g is not None:
+                    g.sha256 = manifest.files[g.file].sha256
+        manifest.onnx.weights_sha256 = manifest.files[manifest.onnx.weights_file].sha256
+    if manifest.stablehlo is not None:
+        for artifact in manifest.stablehlo.artifacts():
+            artifact.sha256 = manifest.files[artifact.file].sha256
+
+
+def summary(manifest: Manifest, out_dir: str | Path) -> str:
     """A few lines for the terminal: what was written and how far it is from the reference."""
-    lines = [f"exported {manifest['model']['name']} ({manifest['model']['architecture']}) to {out_dir}"]
-    lines.append(f"  tasks {', '.join(manifest['tasks'])}; buckets {manifest['buckets']}")
-    if "onnx" in manifest:
-        for bucket, e in manifest["onnx"]["buckets"].items():
-            form = e["ssm_formulation"] + (f" (chunk {e['chunk']})" if e["chunk"] else "")
-            line = f"  onnx {bucket:>5}: {form:<20} {describe(e)}"
-            if "int8" in e:
-                acc = e["int8"]["accuracy"]
-                line += f"; int8 max abs logits diff {acc['max_abs_logits_diff']:.3g}, top-1 agreement {acc['top1_agreement']:.3f}"
+    lines = [f"exported {manifest.model.name} ({manifest.model.architecture}) to {out_dir}"]
+    lines.append(f"  heads {', '.join(manifest.heads)}; buckets {manifest.buckets}")
+    if manifest.onnx is not None:
+        for bucket, e in manifest.onnx.buckets.items():
+            form = e.ssm_formulation + (f" (chunk {e.chunk})" if e.chunk else "")
+            line = f"  onnx {bucket:>5}: {form:<20} {parity.describe(e)}"
+            if e.int8 is not None and e.int8.accuracy is not None:
+                acc = e.int8.accuracy
+                line += f"; int8 max abs logits diff {acc.max_abs_logits_diff:.3g}, top-1 agreement {acc.top1_agreement:.3f}"
             lines.append(line)
-    if "stablehlo" in manifest:
-        s = manifest["stablehlo"]
-        lines.append(f"  stablehlo: platforms {s['platforms']}, weights {s['weights']}")
-        for head, e in s["heads"].items():
-            for b, x in e["buckets"].items():
-                lines.append(f"    {head} {b:>5}: {describe(x)}")
+    if manifest.stablehlo is not None:
+        s = manifest.stablehlo
+        lines.append(f"  stablehlo: platforms {s.platforms}, weights {s.weights}")
+        for head, e in s.heads.items():
+            for b, x in e.buckets.items():
+                lines.append(f"    {head} {b:>5}: {parity.describe(x)}")
     lines.append(
-        f"  parity {'passed' if manifest['parity']['passed'] else 'FAILED'} (tolerance {manifest['parity']['tolerance']:g})"
+        f"  parity {'passed' if manifest.parity.passed else 'FAILED'} (tolerance {manifest.parity.tolerance:g})"
     )
     return "\n".join(lines)

@@ -1,43 +1,237 @@
-"""manifest.json: what an export dir holds and how far each runtime file is from the reference.
+"""manifest.json: the export dir's contract, as one typed model with one reader and one writer.
 
-Top level: format version, model (name, architecture, sizes), tasks, labels, tokenizer files,
-buckets, parity (reference, tolerance, seed, cases, pass/fail), onnx and stablehlo sections (per
-bucket: file, sha256, SSM formulation, inputs/outputs, measured max abs differences), versions of
-the tools that wrote it, and `files`: the sha256 and size of every file in the dir except the
-manifest itself, which `bigs export --verify` re-hashes.
+`bigs export` builds a `Manifest` and writes it; everything that uses an export dir (the ONNX and
+StableHLO loaders, `bigs export --verify`, the service) calls `read_manifest(dir)` once and passes
+the object down. What it records:
+
+    format_version  FORMAT_VERSION; a dir written by another version is refused with a clear message
+    model           name, architecture and sizes
+    heads           what the dir serves (export/heads.py): ["fill-mask" | "classification", "embeddings"]
+    labels          id → label of a classifier
+    tokenizer       the tokenizer files in the dir and where they came from
+    buckets         the sequence lengths with a graph each
+    parity          how exported = reference was measured (export/parity.py) and whether it held
+    onnx            per bucket: file, SSM formulation, inputs/outputs, measured differences, sha256
+                    (and its int8 twin); the shared weights file and each tensor's place in it
+    stablehlo       per head and bucket: file, platforms, shapes, measured differences, sha256;
+                    the parameter layout when weights are arguments
+    versions        of the tools that wrote it
+    files           sha256 and size of every file in the dir but the manifest (export/integrity.py)
+
+Pydantic and the standard library only: the serving image reads it.
 """
 
 from __future__ import annotations
 
 import contextlib
-import hashlib
-import json
 import platform
 from importlib import metadata
 from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from .heads import Head
 
 MANIFEST = "manifest.json"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: "heads" (was "tasks"), typed
 TOOLS = ("torch", "onnx", "onnxruntime", "onnxscript", "jax", "jaxlib", "flax", "transformers", "numpy", "safetensors")
 
 
-def sha256_file(path: Path, block: int = 1 << 20) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as f:
-        while chunk := f.read(block):
-            digest.update(chunk)
-    return digest.hexdigest()
+class _Section(BaseModel):
+    # A field the reader does not know is a mistake in the writer (or another format): refuse it.
+    model_config = ConfigDict(extra="forbid")
 
 
-def file_table(export_dir: Path) -> dict[str, dict]:
-    """{relative path: {"sha256", "bytes"}} for every file under `export_dir` but the manifest."""
-    table = {}
-    for path in sorted(p for p in export_dir.rglob("*") if p.is_file()):
-        rel = path.relative_to(export_dir).as_posix()
-        if rel == MANIFEST:
-            continue
-        table[rel] = {"sha256": sha256_file(path), "bytes": path.stat().st_size}
-    return table
+class ModelInfo(_Section):
+    name: str
+    architecture: str
+    model_type: str
+    vocab_size: int
+    hidden_size: int
+    num_hidden_layers: int
+    max_position_embeddings: int
+    pad_token_id: int | None = None
+
+
+class TokenizerInfo(_Section):
+    files: list[str]
+    source: str
+
+
+class Parity(_Section):
+    reference: str
+    tolerance: float
+    criterion: str
+    seed: int
+    cases: dict[str, str]
+    passed: bool | None = None  # None until measured
+    breaches: list[str] = Field(default_factory=list)
+
+
+class Measured(_Section):
+    """Max |output − reference| and max |reference| per output name, over every parity case
+    (export/parity.py); None until measured."""
+
+    max_abs_diff: dict[str, float] | None = None
+    reference_max_abs: dict[str, float] | None = None
+
+
+class TensorSpec(_Section):
+    name: str
+    dtype: str
+    shape: list[int | str]
+
+
+class Int8Accuracy(_Section):
+    against: str
+    max_abs_logits_diff: float
+    max_abs_embeddings_diff: float
+    top1_agreement: float
+
+
+class OnnxGraph(Measured):
+    file: str
+    ssm_formulation: str
+    chunk: int | None
+    shared_initializers: list[str]
+    op_types: dict[str, int]
+    inputs: list[TensorSpec]
+    outputs: list[TensorSpec]
+    sha256: str | None = None
+    accuracy: Int8Accuracy | None = None  # the int8 graph: measured against the fp32 reference
+    int8: OnnxGraph | None = None
+
+    @property
+    def input_names(self) -> list[str]:
+        return [spec.name for spec in self.inputs]
+
+
+class WeightTensor(_Section):
+    """One tensor of onnx/weights.bin: where it starts and how it is laid out."""
+
+    dtype: str
+    shape: list[int]
+    offset: int
+    length: int
+
+
+class SessionSpec(_Section):
+    graph_optimization_level: str
+    config_entries: dict[str, str] = Field(default_factory=dict)
+
+
+class OnnxSection(_Section):
+    exporter: str
+    offline_optimization: str
+    session_options: SessionSpec
+    weights_file: str
+    buckets: dict[int, OnnxGraph]
+    weights: dict[str, WeightTensor] = Field(default_factory=dict)
+    weights_sha256: str | None = None
+
+    def graph(self, bucket: int, variant: str = "fp32") -> OnnxGraph:
+        entry = self.buckets[bucket]
+        if variant == "fp32":
+            return entry
+        if variant == "int8" and entry.int8 is not None:
+            return entry.int8
+        raise ValueError(f"bucket {bucket} has no {variant!r} graph (export with --quantize {variant})")
+
+
+class ParamLeaf(_Section):
+    """One leaf of the flat StableHLO parameter list: the safetensors key it is read from."""
+
+    path: str
+    key: str
+    transpose: bool
+    shape: list[int]
+    dtype: str
+
+
+class StableHLOArtifact(Measured):
+    file: str
+    platforms: list[str]
+    in_shapes: list[str]
+    out_shapes: list[str]
+    sha256: str | None = None
+
+
+class StableHLOHead(_Section):
+    inputs: list[TensorSpec]
+    outputs: list[str]
+    params: list[ParamLeaf] | None  # None: weights embedded in each artifact
+    buckets: dict[int, StableHLOArtifact]
+
+    @property
+    def input_names(self) -> list[str]:
+        return [spec.name for spec in self.inputs]
+
+
+class StableHLOSection(_Section):
+    weights: Literal["arguments", "embedded"]
+    heads: dict[str, StableHLOHead]
+    platforms: list[str] = Field(default_factory=list)
+    platform_fallback: str | None = None
+
+    def artifacts(self) -> list[StableHLOArtifact]:
+        return [artifact for head in self.heads.values() for artifact in head.buckets.values()]
+
+
+class FileEntry(_Section):
+    sha256: str
+    bytes: int
+
+
+class Manifest(_Section):
+    format_version: int = FORMAT_VERSION
+    model: ModelInfo
+    heads: list[Head]
+    embeddings: str
+    labels: dict[int, str] | None = None
+    tokenizer: TokenizerInfo
+    buckets: list[int]
+    parity: Parity
+    onnx: OnnxSection | None = None
+    stablehlo: StableHLOSection | None = None
+    versions: dict[str, str] = Field(default_factory=dict)
+    files: dict[str, FileEntry] = Field(default_factory=dict)
+
+    @property
+    def max_length(self) -> int:
+        return max(self.buckets)
+
+    def write(self, export_dir: str | Path) -> Path:
+        path = Path(export_dir) / MANIFEST
+        path.write_text(self.model_dump_json(indent=2) + "\n")
+        return path
+
+
+class ManifestError(ValueError):
+    """An export dir whose manifest.json is missing, of another format version, or malformed."""
+
+
+def read_manifest(export_dir: str | Path) -> Manifest:
+    """The export dir's manifest, checked against this version's format."""
+    path = Path(export_dir) / MANIFEST
+    if not path.is_file():
+        raise ManifestError(f"{path} not found: not an export dir (run `bigs export ARTIFACT_DIR OUT_DIR`)")
+    try:
+        import json
+
+        raw = json.loads(path.read_text())
+    except ValueError as error:
+        raise ManifestError(f"{path} is not valid JSON: {error}") from None
+    version = raw.get("format_version") if isinstance(raw, dict) else None
+    if version != FORMAT_VERSION:
+        raise ManifestError(
+            f"{path} has format_version {version!r}; this version reads {FORMAT_VERSION}: "
+            "export the artifact dir again with this version's `bigs export`"
+        )
+    try:
+        return Manifest.model_validate(raw)
+    except ValidationError as error:
+        raise ManifestError(f"{path} does not match the manifest format: {error}") from None
 
 
 def versions() -> dict[str, str]:
@@ -46,16 +240,3 @@ def versions() -> dict[str, str]:
         with contextlib.suppress(metadata.PackageNotFoundError):
             found[name] = metadata.version(name)
     return found
-
-
-def write_manifest(export_dir: Path, manifest: dict) -> Path:
-    path = export_dir / MANIFEST
-    path.write_text(json.dumps(manifest, indent=2, sort_keys=False) + "\n")
-    return path
-
-
-def read_manifest(export_dir: Path) -> dict:
-    path = Path(export_dir) / MANIFEST
-    if not path.is_file():
-        raise FileNotFoundError(f"{path} not found: not an export dir (run `bigs export ARTIFACT_DIR OUT_DIR`)")
-    return json.loads(path.read_text())

@@ -33,6 +33,8 @@ from torch import nn
 from model.modeling_bigs import BiGSForMaskedLM, BiGSForSequenceClassification, S4dLayer, mean_pool
 from model.ssm import chunked_weights, toeplitz_matrix
 
+from .heads import SIGNATURES
+
 # --------------------------------------------------------------------------------------------
 # Which SSM formulation for which length (DESIGN §3, measured on ORT CPU)
 # --------------------------------------------------------------------------------------------
@@ -158,14 +160,15 @@ def frozen_ssms(model: nn.Module, length: int, formulation: Formulation) -> Iter
 # Head wrappers: the exported signatures
 # --------------------------------------------------------------------------------------------
 
-BASE_INPUTS = ("input_ids", "attention_mask", "token_type_ids")
+# One graph per bucket serves both of the model's heads (export/heads.py): its own head's output
+# first, then the embeddings, which come from the same last hidden state at no extra cost.
 
 
 class FillMaskExport(nn.Module):
     """(input_ids, attention_mask, token_type_ids, mask_positions) → (logits (B, P, vocab), embeddings (B, d))."""
 
-    input_names = (*BASE_INPUTS, "mask_positions")
-    output_names = ("logits", "embeddings")
+    input_names = SIGNATURES["fill-mask"].inputs
+    output_names = (SIGNATURES["fill-mask"].output, SIGNATURES["embeddings"].output)
 
     def __init__(self, model: BiGSForMaskedLM):
         super().__init__()
@@ -189,8 +192,8 @@ class FillMaskExport(nn.Module):
 class ClassificationExport(nn.Module):
     """(input_ids, attention_mask, token_type_ids) → (logits (B, num_labels), embeddings (B, d))."""
 
-    input_names = BASE_INPUTS
-    output_names = ("logits", "embeddings")
+    input_names = SIGNATURES["classification"].inputs
+    output_names = (SIGNATURES["classification"].output, SIGNATURES["embeddings"].output)
 
     def __init__(self, model: BiGSForSequenceClassification):
         super().__init__()

@@ -37,6 +37,8 @@ import onnxruntime as ort
 import torch
 from onnx import numpy_helper
 
+from .heads import MASK_POSITIONS
+from .manifest import OnnxSection
 from .modules import Formulation, export_wrapper, formulation_for, frozen_ssms
 
 ONNX_OPSET = 20  # Gelu is a native op from opset 20
@@ -66,7 +68,7 @@ def example_inputs(wrapper: torch.nn.Module, length: int, batch: int = 2, positi
     ids = torch.ones(batch, length, dtype=torch.long)
     mask = torch.ones(batch, length, dtype=torch.long)
     types = torch.zeros(batch, length, dtype=torch.long)
-    if "mask_positions" in wrapper.input_names:
+    if MASK_POSITIONS in wrapper.input_names:
         return ids, mask, types, torch.zeros(batch, positions, dtype=torch.long)
     return ids, mask, types
 
@@ -78,8 +80,8 @@ def torch_to_onnx(model: torch.nn.Module, length: int, formulation: Formulation,
         wrapper = export_wrapper(model)
         args = example_inputs(wrapper, length)
         dynamic = {name: {0: batch} for name in wrapper.input_names}
-        if "mask_positions" in dynamic:
-            dynamic["mask_positions"][1] = torch.export.Dim("positions")
+        if MASK_POSITIONS in dynamic:
+            dynamic[MASK_POSITIONS][1] = torch.export.Dim("positions")
         progress = io.StringIO()  # the exporter prints its steps to stdout even with verbose=False
         with warnings.catch_warnings(), torch.no_grad(), contextlib.redirect_stdout(progress):
             warnings.simplefilter("ignore")
@@ -243,8 +245,8 @@ def finish_graph(src: Path, dst: Path, weights: SharedWeights) -> dict:
     return {"shared_initializers": shared, "op_types": dict(sorted(ops.items())), **io_spec(model)}
 
 
-def export_onnx(model: torch.nn.Module, buckets: list[int], onnx_dir: Path, quantize: str | None = None) -> dict:
-    """Export every bucket into `onnx_dir`; returns the manifest's "onnx" section (files relative to
+def export_onnx(model: torch.nn.Module, buckets: list[int], onnx_dir: Path, quantize: str | None = None) -> OnnxSection:
+    """Export every bucket into `onnx_dir`; returns the manifest's onnx section (files relative to
     the export dir; hashes and parity are added by the caller)."""
     onnx_dir.mkdir(parents=True, exist_ok=True)
     weights = SharedWeights(onnx_dir / WEIGHTS_FILE)
@@ -275,4 +277,4 @@ def export_onnx(model: torch.nn.Module, buckets: list[int], onnx_dir: Path, quan
             for f in tmp.iterdir():  # keep the temp dir small for big models
                 os.remove(f)
     section["weights"] = weights.tensors
-    return section
+    return OnnxSection.model_validate(section)

@@ -15,12 +15,13 @@ MLAS pre-packing off: it would give each session a packed copy of every MatMul w
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import onnxruntime as ort
+
+from .manifest import Manifest, read_manifest
 
 
 @dataclass
@@ -32,37 +33,39 @@ class SharedWeights:
     arrays: dict[str, np.ndarray]  # the numpy views the OrtValues wrap (kept alive with them)
 
 
-def read_manifest(export_dir: str | Path) -> dict:
-    return json.loads((Path(export_dir) / "manifest.json").read_text())
+def onnx_section(export_dir: str | Path, manifest: Manifest):
+    if manifest.onnx is None:
+        raise ValueError(f"{export_dir} has no ONNX graphs (export with --formats onnx)")
+    return manifest.onnx
 
 
-def map_weights(export_dir: str | Path, manifest: dict | None = None) -> SharedWeights:
+def map_weights(export_dir: str | Path, manifest: Manifest | None = None) -> SharedWeights:
     """Memory-map `onnx/weights.bin` and wrap each tensor of the manifest's table in an OrtValue."""
     export_dir = Path(export_dir)
-    section = (manifest or read_manifest(export_dir))["onnx"]
+    section = onnx_section(export_dir, manifest or read_manifest(export_dir))
     # Copy-on-write: pages stay shared with the page cache (and other processes) unless written.
-    mapping = np.memmap(export_dir / section["weights_file"], dtype=np.uint8, mode="c")
+    mapping = np.memmap(export_dir / section.weights_file, dtype=np.uint8, mode="c")
     arrays, values = {}, {}
-    for name, t in section["weights"].items():
-        dtype = np.dtype(t["dtype"])
-        array = np.frombuffer(mapping, dtype=dtype, count=t["length"] // dtype.itemsize, offset=t["offset"])
-        arrays[name] = array.reshape(t["shape"])
+    for name, t in section.weights.items():
+        dtype = np.dtype(t.dtype)
+        array = np.frombuffer(mapping, dtype=dtype, count=t.length // dtype.itemsize, offset=t.offset)
+        arrays[name] = array.reshape(t.shape)
         values[name] = ort.OrtValue.ortvalue_from_numpy(arrays[name])
     return SharedWeights(mapping, values, arrays)
 
 
 def session_options(
-    manifest: dict, intra_op_threads: int | None = None, spin_wait: bool | None = None
+    manifest: Manifest, intra_op_threads: int | None = None, spin_wait: bool | None = None
 ) -> ort.SessionOptions:
-    """The session options the export was made for (manifest["onnx"]["session_options"]).
+    """The session options the export was made for (the manifest's onnx.session_options).
 
     `spin_wait=False` stops ORT's intra-op threads from spinning after each run (ORT spins by
     default). A server runs several sessions at once (a short and a long lane) next to its own
     Python threads; spinning threads then take the cores the others need."""
-    spec = manifest["onnx"]["session_options"]
+    spec = manifest.onnx.session_options
     options = ort.SessionOptions()
-    options.graph_optimization_level = getattr(ort.GraphOptimizationLevel, spec["graph_optimization_level"])
-    for key, value in spec.get("config_entries", {}).items():
+    options.graph_optimization_level = getattr(ort.GraphOptimizationLevel, spec.graph_optimization_level)
+    for key, value in spec.config_entries.items():
         options.add_session_config_entry(key, value)
     if intra_op_threads:
         options.intra_op_num_threads = intra_op_threads
@@ -79,29 +82,28 @@ def load_sessions(
     shared: SharedWeights | None = None,
     providers: list[str] | None = None,
     spin_wait: bool | None = None,
+    manifest: Manifest | None = None,
 ) -> dict[int, ort.InferenceSession]:
     """{bucket: InferenceSession} for the export dir's ONNX graphs, all over one copy of the weights.
 
     `variant` is "fp32" or "int8" (when exported with --quantize int8). Pass `shared` (from
-    `map_weights`) to reuse a mapping across calls; each session keeps a reference to it.
+    `map_weights`) to reuse a mapping across calls; each session keeps a reference to it. Pass the
+    `manifest` when it has been read already (it is read from the dir otherwise).
     """
     export_dir = Path(export_dir)
-    manifest = read_manifest(export_dir)
+    manifest = manifest or read_manifest(export_dir)
+    section = onnx_section(export_dir, manifest)
     shared = shared or map_weights(export_dir, manifest)
     sessions = {}
-    for key, entry in manifest["onnx"]["buckets"].items():
-        bucket = int(key)
+    for bucket in sorted(section.buckets):
         if buckets is not None and bucket not in buckets:
             continue
-        if variant != "fp32":
-            if variant not in entry:
-                raise ValueError(f"bucket {bucket} has no {variant!r} graph (export with --quantize {variant})")
-            entry = entry[variant]
+        entry = section.graph(bucket, variant)
         options = session_options(manifest, intra_op_threads, spin_wait)
-        for name in entry["shared_initializers"]:
+        for name in entry.shared_initializers:
             options.add_initializer(name, shared.values[name])
         session = ort.InferenceSession(
-            str(export_dir / entry["file"]), options, providers=providers or ["CPUExecutionProvider"]
+            str(export_dir / entry.file), options, providers=providers or ["CPUExecutionProvider"]
         )
         session.bigs_shared_weights = shared  # the OrtValues must outlive the session
         sessions[bucket] = session

@@ -1,8 +1,10 @@
-"""Exported = reference: fixed inputs, the torch reference, and the differences measured against it.
+"""Exported = reference: fixed inputs, the torch reference, and every runtime file measured against it.
 
-The reference is the artifact's torch model in fp32 with `ssm_formulation="fft"` (the model's own
-reference convolution, kernels in float64). Inputs are generated from a seed, so export and
-`--verify` (and anyone else) rebuild the same ones from the manifest:
+The one place parity is measured: `bigs export` measures and records it in the manifest, and
+`bigs export --verify` measures again and compares. The reference is the artifact's torch model in
+fp32 with `ssm_formulation="fft"` (the model's own reference convolution, kernels in float64),
+loaded once per export. Inputs are generated from a seed, so export and `--verify` (and anyone
+else) rebuild the same ones from the manifest:
 
     batch1_full    1 sequence filling the bucket (no padding)
     batch5_padded  5 sequences of lengths L, L/2+1, L/4+3, 7, 1, right-padded to the bucket L
@@ -13,12 +15,16 @@ asks for 3 positions inside each sequence's real tokens.
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 import torch
 
 from model.modeling_bigs import BiGSForMaskedLM, BiGSForSequenceClassification, mean_pool
+
+from .heads import MASK_POSITIONS, SEQUENCE_INPUTS
+from .manifest import Manifest, Measured
 
 POSITIONS_PER_SEQUENCE = 3
 ARCHITECTURES = {"BiGSForMaskedLM": BiGSForMaskedLM, "BiGSForSequenceClassification": BiGSForSequenceClassification}
@@ -74,14 +80,19 @@ def parity_cases(vocab_size: int, type_vocab_size: int, bucket: int, seed: int =
     return cases
 
 
+# A case: its inputs and the reference's outputs ({"logits", "embeddings"}).
+Reference = dict[str, dict[str, np.ndarray]]
+References = dict[int, dict[str, Reference]]  # {bucket: {case: {"inputs": …, "outputs": …}}}
+
+
 @torch.no_grad()
 def reference_outputs(model: torch.nn.Module, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     """{"logits", "embeddings"} of the torch reference for one case (fill-mask logits at mask_positions)."""
-    ids, mask, types = (torch.from_numpy(inputs[k]) for k in ("input_ids", "attention_mask", "token_type_ids"))
+    ids, mask, types = (torch.from_numpy(inputs[k]) for k in SEQUENCE_INPUTS)
     hidden = model.bigs(ids, attention_mask=mask, token_type_ids=types, return_dict=True).last_hidden_state
     out = {"embeddings": mean_pool(hidden, mask).numpy()}
     if isinstance(model, BiGSForMaskedLM):
-        positions = torch.from_numpy(inputs["mask_positions"])
+        positions = torch.from_numpy(inputs[MASK_POSITIONS])
         logits = model(ids, attention_mask=mask, token_type_ids=types, logits_positions=positions).logits
     else:
         logits = model(ids, attention_mask=mask, token_type_ids=types).logits
@@ -89,33 +100,141 @@ def reference_outputs(model: torch.nn.Module, inputs: dict[str, np.ndarray]) -> 
     return out
 
 
-def compare(outputs: dict[str, np.ndarray], reference: dict[str, np.ndarray]) -> dict[str, dict[str, float]]:
-    """Per output present in both: max |output − reference| and max |reference| (its scale)."""
-    keys = [k for k in outputs if k in reference]
-    return {
-        "max_abs_diff": {k: float(np.max(np.abs(outputs[k] - reference[k]))) for k in keys},
-        "reference_max_abs": {k: float(np.max(np.abs(reference[k]))) for k in keys},
-    }
+def references(model: torch.nn.Module, manifest: Manifest) -> References:
+    """The reference's outputs on every bucket's cases (the model is loaded by the caller, once)."""
+    config = model.config
+    refs: References = {}
+    for bucket in manifest.buckets:
+        cases = parity_cases(config.vocab_size, config.type_vocab_size, bucket, manifest.parity.seed)
+        refs[bucket] = {
+            case: {"inputs": inputs, "outputs": reference_outputs(model, inputs)} for case, inputs in cases.items()
+        }
+    return refs
 
 
-def merge(into: dict, measured: dict) -> dict:
-    """Accumulate `compare` results over cases: the max of each number."""
-    for group, values in measured.items():
-        target = into.setdefault(group, {})
-        for k, v in values.items():
-            target[k] = max(target.get(k, 0.0), v)
-    return into
+# --------------------------------------------------------------------------------------------
+# Differences
+# --------------------------------------------------------------------------------------------
 
 
-def error_ratio(measured: dict) -> float:
+class Accumulator:
+    """Max |output − reference| and max |reference| per output over cases, and top-1 agreement."""
+
+    def __init__(self):
+        self.diff: dict[str, float] = {}
+        self.scale: dict[str, float] = {}
+        self.agreement: list[float] = []
+
+    def add(self, outputs: dict[str, np.ndarray], reference: dict[str, np.ndarray]) -> None:
+        for k in (k for k in outputs if k in reference):
+            self.diff[k] = max(self.diff.get(k, 0.0), float(np.max(np.abs(outputs[k] - reference[k]))))
+            self.scale[k] = max(self.scale.get(k, 0.0), float(np.max(np.abs(reference[k]))))
+        if "logits" in outputs and "logits" in reference:
+            self.agreement.append(top1_agreement(outputs["logits"], reference["logits"]))
+
+    def measured(self) -> Measured:
+        return Measured(max_abs_diff=self.diff, reference_max_abs=self.scale)
+
+    def top1(self) -> float:
+        return sum(self.agreement) / len(self.agreement) if self.agreement else 1.0
+
+
+def error_ratio(measured: Measured) -> float:
     """max over outputs of max_abs_diff / max(1, max |reference|): the number held to the tolerance.
 
     fp32 error grows with the size of the values: outputs of order 1 are held to the tolerance in
     absolute terms, larger ones relative to their scale (a pre-norm residual stream with slowly
     decaying SSMs can reach 1e3–1e4, where fp32 itself is ~1e-3 off)."""
-    diffs, scales = measured.get("max_abs_diff", {}), measured.get("reference_max_abs", {})
+    diffs, scales = measured.max_abs_diff or {}, measured.reference_max_abs or {}
     return max((d / max(1.0, scales.get(k, 0.0)) for k, d in diffs.items()), default=0.0)
+
+
+def describe(measured: Measured) -> str:
+    """'max abs diff 1.2e-05 (scaled 1.2e-05)': the worst output's difference, and the scaled ratio."""
+    worst_abs = max((measured.max_abs_diff or {}).values(), default=0.0)
+    return f"max abs diff {worst_abs:.2e} (scaled {error_ratio(measured):.2e})"
 
 
 def top1_agreement(logits: np.ndarray, reference: np.ndarray) -> float:
     return float(np.mean(np.argmax(logits, axis=-1) == np.argmax(reference, axis=-1)))
+
+
+# --------------------------------------------------------------------------------------------
+# Measuring the runtime files, through the loaders the service uses
+# --------------------------------------------------------------------------------------------
+
+
+def measure_onnx(
+    export_dir: Path, manifest: Manifest, refs: References, variant: str = "fp32"
+) -> dict[int, tuple[Measured, float]]:
+    """{bucket: (differences, top-1 agreement)} of the ONNX graphs of one variant ("fp32", "int8")."""
+    from .onnx_runtime import load_sessions
+
+    results = {}
+    for bucket, session in load_sessions(export_dir, variant=variant, manifest=manifest).items():
+        names = [i.name for i in session.get_inputs()]
+        outputs = [o.name for o in session.get_outputs()]
+        acc = Accumulator()
+        for case in refs[bucket].values():
+            got = dict(zip(outputs, session.run(None, {k: case["inputs"][k] for k in names}), strict=True))
+            acc.add(got, case["outputs"])
+        results[bucket] = (acc.measured(), acc.top1())
+    return results
+
+
+def measure_stablehlo(export_dir: Path, manifest: Manifest, refs: References) -> dict[str, dict[int, Measured]]:
+    """{head: {bucket: differences}} of the StableHLO artifacts."""
+    from .stablehlo_runtime import load_stablehlo, param_store
+
+    store = param_store(export_dir)
+    results: dict[str, dict[int, Measured]] = {}
+    for head, entry in manifest.stablehlo.heads.items():
+        results[head] = {}
+        for bucket in entry.buckets:
+            run = load_stablehlo(export_dir, head, bucket, store=store, manifest=manifest)
+            acc = Accumulator()
+            for case in refs[bucket].values():
+                acc.add(run(*(case["inputs"][name] for name in run.input_names)), case["outputs"])
+            results[head][bucket] = acc.measured()
+    return results
+
+
+@dataclass
+class ParityReport:
+    """Every runtime file of an export dir measured against the reference, and what broke the tolerance."""
+
+    onnx: dict[int, Measured] = field(default_factory=dict)
+    onnx_int8: dict[int, tuple[Measured, float]] = field(default_factory=dict)
+    stablehlo: dict[str, dict[int, Measured]] = field(default_factory=dict)
+    breaches: list[str] = field(default_factory=list)  # over the tolerance, or could not run
+
+
+def measure_export(export_dir: Path, manifest: Manifest, refs: References, tolerance: float) -> ParityReport:
+    """Measure every format the manifest lists; fp32 files are held to `tolerance` (int8 is measured,
+    and held to its recorded top-1 agreement by `bigs export --verify`)."""
+    report = ParityReport()
+
+    def attempt(what: str, measure):
+        try:
+            return measure()
+        except Exception as error:  # a file that does not run is a parity failure, reported as one
+            report.breaches.append(f"{what}: could not run: {type(error).__name__}: {error}")
+            return {}
+
+    if manifest.onnx is not None:
+        fp32 = attempt("onnx", lambda: measure_onnx(export_dir, manifest, refs))
+        report.onnx = {bucket: measured for bucket, (measured, _) in fp32.items()}
+        for bucket, measured in report.onnx.items():
+            if error_ratio(measured) > tolerance:
+                report.breaches.append(f"onnx bucket {bucket}: {describe(measured)} > tolerance {tolerance:g}")
+        if any(graph.int8 is not None for graph in manifest.onnx.buckets.values()):
+            report.onnx_int8 = attempt("onnx int8", lambda: measure_onnx(export_dir, manifest, refs, "int8"))
+    if manifest.stablehlo is not None:
+        report.stablehlo = attempt("stablehlo", lambda: measure_stablehlo(export_dir, manifest, refs))
+        for head, per_bucket in report.stablehlo.items():
+            for bucket, measured in per_bucket.items():
+                if error_ratio(measured) > tolerance:
+                    report.breaches.append(
+                        f"stablehlo {head} bucket {bucket}: {describe(measured)} > tolerance {tolerance:g}"
+                    )
+    return report

@@ -35,11 +35,14 @@ from model.modeling_flax_bigs import (
     FlaxBiGSForMaskedLMModule,
     FlaxBiGSForSequenceClassificationModule,
     FlaxBiGSModule,
+    mean_pool,
 )
+
+from .heads import MASK_POSITIONS, SEQUENCE_INPUTS, heads_for, signature
+from .manifest import StableHLOSection
 
 PLATFORMS = ("cpu", "cuda", "tpu")  # lowered for all where this jax can; cpu alone otherwise
 INPUT_DTYPE = jnp.int32
-BASE_INPUTS = ("input_ids", "attention_mask", "token_type_ids")
 
 
 # --------------------------------------------------------------------------------------------
@@ -47,13 +50,10 @@ BASE_INPUTS = ("input_ids", "attention_mask", "token_type_ids")
 # --------------------------------------------------------------------------------------------
 
 
-def _mean_over_real_tokens(X, attention_mask):
-    weights = attention_mask.astype(X.dtype)[..., None]  # (b, L, 1)
-    return (X * weights).sum(axis=1) / weights.sum(axis=1)  # (b, d)
-
-
 def head_spec(config: BiGSConfig, head: str) -> tuple[Callable, Callable[[Mapping], dict], tuple, tuple]:
-    """(apply(tree, *inputs) → outputs, select(full tree) → the subtree the head needs, input names, output names)."""
+    """(apply(tree, *inputs) → outputs, select(full tree) → the subtree the head needs, input names,
+    output names); names as export/heads.py defines them."""
+    sig = signature(head)
 
     def without_pooler(tree):
         return {k: v for k, v in tree["s4_bert"].items() if k != "pooler"}
@@ -65,34 +65,34 @@ def head_spec(config: BiGSConfig, head: str) -> tuple[Callable, Callable[[Mappin
             logits = module.apply(
                 {"params": tree}, input_ids, attention_mask, token_type_ids, logits_positions=mask_positions
             )
-            return {"logits": logits}
+            return {sig.output: logits}
 
         return (
             apply,
             lambda full: {"s4_bert": without_pooler(full), "cls": full["cls"]},
-            (*BASE_INPUTS, "mask_positions"),
-            ("logits",),
+            sig.inputs,
+            (sig.output,),
         )
     if head == "classification":
         module = FlaxBiGSForSequenceClassificationModule(config)
 
         def apply(tree, input_ids, attention_mask, token_type_ids):
-            return {"logits": module.apply({"params": tree}, input_ids, attention_mask, token_type_ids)}
+            return {sig.output: module.apply({"params": tree}, input_ids, attention_mask, token_type_ids)}
 
         return (
             apply,
             lambda full: {"s4_bert": full["s4_bert"], "classifier": full["classifier"]},
-            BASE_INPUTS,
-            ("logits",),
+            sig.inputs,
+            (sig.output,),
         )
     if head == "embeddings":
         module = FlaxBiGSModule(config, add_pooling_layer=False)
 
         def apply(tree, input_ids, attention_mask, token_type_ids):
             X, _, _ = module.apply({"params": tree}, input_ids, attention_mask, token_type_ids)
-            return {"embeddings": _mean_over_real_tokens(X, attention_mask)}
+            return {sig.output: mean_pool(X, attention_mask)}
 
-        return apply, without_pooler, BASE_INPUTS, ("embeddings",)
+        return apply, without_pooler, sig.inputs, (sig.output,)
     raise ValueError(f"unknown head {head!r}")
 
 
@@ -139,8 +139,8 @@ def param_layout(head_tree: Mapping, root: tuple[str, ...]) -> list[dict]:
 
 def input_specs(length: int, input_names: tuple) -> list[jax.ShapeDtypeStruct]:
     b, p = jax.export.symbolic_shape("b, p")
-    specs = [jax.ShapeDtypeStruct((b, length), INPUT_DTYPE) for _ in BASE_INPUTS]
-    if "mask_positions" in input_names:
+    specs = [jax.ShapeDtypeStruct((b, length), INPUT_DTYPE) for _ in SEQUENCE_INPUTS]
+    if MASK_POSITIONS in input_names:
         specs.append(jax.ShapeDtypeStruct((b, p), INPUT_DTYPE))
     return specs
 
@@ -167,14 +167,6 @@ def export_one(config, head, length, head_tree, embed_weights: bool, platforms) 
     return jax.export.export(jax.jit(fn), platforms=platforms)(param_specs, *inputs)
 
 
-def heads_for(architecture: str) -> list[str]:
-    if architecture == "BiGSForMaskedLM":
-        return ["fill-mask", "embeddings"]
-    if architecture == "BiGSForSequenceClassification":
-        return ["classification", "embeddings"]
-    raise ValueError(f"cannot export architecture {architecture!r}")
-
-
 def export_stablehlo(
     config: BiGSConfig,
     state_dict: Mapping[str, np.ndarray],
@@ -182,7 +174,7 @@ def export_stablehlo(
     buckets: list[int],
     out_dir: Path,
     embed_weights: bool = False,
-) -> dict:
+) -> StableHLOSection:
     """Write stablehlo/<head>_<bucket>.bin for every head and bucket; returns the manifest section."""
     hlo_dir = out_dir / "stablehlo"
     hlo_dir.mkdir(parents=True, exist_ok=True)
@@ -195,8 +187,7 @@ def export_stablehlo(
         root = ("s4_bert",) if head == "embeddings" else ()
         entry = {
             "inputs": [
-                {"name": n, "dtype": "int32", "shape": ["b", "p" if n == "mask_positions" else "L"]}
-                for n in input_names
+                {"name": n, "dtype": "int32", "shape": ["b", "p" if n == MASK_POSITIONS else "L"]} for n in input_names
             ],
             "outputs": list(output_names),
             "params": None if embed_weights else param_layout(head_tree, root),
@@ -222,4 +213,4 @@ def export_stablehlo(
     section["platforms"] = platforms
     if platform_note:
         section["platform_fallback"] = platform_note
-    return section
+    return StableHLOSection.model_validate(section)

@@ -13,12 +13,13 @@ small model): warm up every (bucket, batch) shape before serving.
 from __future__ import annotations
 
 import hashlib
-import json
 from collections.abc import Callable
 from pathlib import Path
 
 import jax
 import numpy as np
+
+from .manifest import Manifest, ParamLeaf, read_manifest
 
 _STORES: dict[Path, ParamStore] = {}
 # sha256 of a serialized artifact → (Exported, its jitted call): loading the same bytes twice in a
@@ -44,13 +45,13 @@ class ParamStore:
             self._arrays[(key, transpose)] = jax.device_put(np.ascontiguousarray(array.T if transpose else array))
         return self._arrays[(key, transpose)]
 
-    def params(self, layout: list[dict]) -> list[jax.Array]:
+    def params(self, layout: list[ParamLeaf]) -> list[jax.Array]:
         arrays = []
         for leaf in layout:
-            array = self.get(leaf["key"], leaf["transpose"])
-            if list(array.shape) != leaf["shape"]:
+            array = self.get(leaf.key, leaf.transpose)
+            if list(array.shape) != leaf.shape:
                 raise ValueError(
-                    f"{leaf['key']}: shape {list(array.shape)} in model.safetensors, manifest says {leaf['shape']}"
+                    f"{leaf.key}: shape {list(array.shape)} in model.safetensors, manifest says {leaf.shape}"
                 )
             arrays.append(array)
         return arrays
@@ -75,24 +76,31 @@ def deserialize(path: Path) -> tuple[jax.export.Exported, Callable]:
 
 
 def load_stablehlo(
-    export_dir: str | Path, head: str, bucket: int, store: ParamStore | None = None
+    export_dir: str | Path,
+    head: str,
+    bucket: int,
+    store: ParamStore | None = None,
+    manifest: Manifest | None = None,
 ) -> Callable[..., dict[str, np.ndarray]]:
     """A callable `run(input_ids, attention_mask, token_type_ids[, mask_positions]) → {output name: array}`.
 
     Inputs are (b, bucket) integer arrays (cast to int32); mask_positions (b, p) for fill-mask.
+    Pass the `manifest` when it has been read already (it is read from the dir otherwise).
     """
     export_dir = Path(export_dir)
-    manifest = json.loads((export_dir / "manifest.json").read_text())
-    section = manifest["stablehlo"]
-    if head not in section["heads"]:
-        raise KeyError(f"no StableHLO head {head!r}; exported: {sorted(section['heads'])}")
-    entry = section["heads"][head]
-    if str(bucket) not in entry["buckets"]:
-        raise KeyError(f"no StableHLO bucket {bucket} for {head!r}; exported: {sorted(entry['buckets'], key=int)}")
-    exported, call = deserialize(export_dir / entry["buckets"][str(bucket)]["file"])
-    params = None if entry["params"] is None else (store or param_store(export_dir)).params(entry["params"])
-    input_names = [i["name"] for i in entry["inputs"]]
-    output_names = entry["outputs"]
+    manifest = manifest or read_manifest(export_dir)
+    if manifest.stablehlo is None:
+        raise ValueError(f"{export_dir} has no StableHLO artifacts (export with --formats stablehlo)")
+    section = manifest.stablehlo
+    if head not in section.heads:
+        raise KeyError(f"no StableHLO head {head!r}; exported: {sorted(section.heads)}")
+    entry = section.heads[head]
+    if bucket not in entry.buckets:
+        raise KeyError(f"no StableHLO bucket {bucket} for {head!r}; exported: {sorted(entry.buckets)}")
+    exported, call = deserialize(export_dir / entry.buckets[bucket].file)
+    params = None if entry.params is None else (store or param_store(export_dir)).params(entry.params)
+    input_names = entry.input_names
+    output_names = entry.outputs
 
     def run(*inputs) -> dict[str, np.ndarray]:
         if len(inputs) != len(input_names):

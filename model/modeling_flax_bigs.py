@@ -174,17 +174,21 @@ class FlaxBiGSEmbeddings(nn.Module):
         return nn.Dropout(rate=c.hidden_dropout_prob)(X, deterministic=deterministic)
 
 
+def mean_pool(hidden_states, attention_mask, pooler_type: str = "non_padding_mean"):
+    """(B, L, d), (B, L) → (B, d): the mean over real tokens (the twin of modeling_bigs.mean_pool)."""
+    if pooler_type == "mean":
+        return hidden_states.mean(axis=1)
+    weights = attention_mask.astype(hidden_states.dtype)[..., None]  # (B, L, 1)
+    return (hidden_states * weights).sum(axis=1) / weights.sum(axis=1)
+
+
 class FlaxBiGSPooler(nn.Module):
     config: BiGSConfig
     dtype: jnp.dtype = jnp.float32
 
     @nn.compact
     def __call__(self, hidden_states, attention_mask):
-        if self.config.pooler_type == "mean":
-            pooled = hidden_states.mean(axis=1)
-        else:
-            weights = attention_mask.astype(hidden_states.dtype)[..., None]  # (B, L, 1)
-            pooled = (hidden_states * weights).sum(axis=1) / weights.sum(axis=1)
+        pooled = mean_pool(hidden_states, attention_mask, self.config.pooler_type)
         dense = nn.Dense(
             self.config.hidden_size,
             dtype=self.dtype,

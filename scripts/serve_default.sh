@@ -19,7 +19,8 @@ for artifact in models/*/; do
   [ -f "$artifact/config.json" ] || continue
   name=$(basename "$artifact")
   out="build/models/$name"
-  if [ ! -f "$out/manifest.json" ]; then
+  # export once; again when the dir was written by another version of the export format
+  if ! python -c "import sys; from export.manifest import read_manifest; read_manifest(sys.argv[1])" "$out" 2>/dev/null; then
     echo "exporting $artifact -> $out"
     bigs export "$artifact" "$out"
   fi

@@ -1,9 +1,9 @@
-"""The FastAPI application: `create_app(settings)` and its lifespan.
+"""The FastAPI application: `create_app(settings)`, its lifespan and its ASGI middleware.
 
-Start-up loads every export dir by its manifest (hashes checked), builds the runtime and the
-batcher of each, warms up every (head, bucket, batch) shape the batcher can emit, and only then
-answers ready. Loading runs in the background so /health and /ready answer meanwhile. Shutdown
-(SIGTERM through uvicorn) stops admission, lets in-flight requests finish, then drains the queues.
+Start-up loads every export dir (service/state.py: manifest read once, hashes checked, one engine
+per model, every batch shape warmed up) and only then answers ready. Loading runs in the background
+so /health and /ready answer meanwhile. Shutdown (SIGTERM through uvicorn) closes admission, lets
+in-flight requests finish, then drains the queues.
 """
 
 from __future__ import annotations
@@ -15,50 +15,11 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI
 from fastapi.middleware.cors import CORSMiddleware
 
-from .errors import ServiceError, error_response, install_handlers
+from .errors import error_response, install_handlers
 from .metrics import ServiceMetrics
-from .models import ServedModel
 from .routes import api, ops
 from .settings import ServiceSettings
-
-
-class ServiceState:
-    def __init__(self, settings: ServiceSettings):
-        self.settings = settings
-        self.metrics = ServiceMetrics()
-        self.models: dict[str, ServedModel] = {}
-        self.ready = False
-        self.stopping = False
-        self.load_error: str | None = None
-        self.in_flight = 0
-
-    def model_for(self, name: str | None, task: str) -> ServedModel:
-        if not self.ready:  # models appear one by one during warm-up: say "not ready", not "unknown model"
-            raise ServiceError(503, "not_ready", "the service is starting or shutting down", {"Retry-After": "1"})
-        if name is not None:
-            model = self.models.get(name)
-            if model is None:
-                raise ServiceError(400, "unknown_model", f"no model named {name!r}; serving {sorted(self.models)}")
-            if task not in model.tasks:
-                raise ServiceError(
-                    400, "unsupported_task", f"model {name!r} does not do {task} (it does {model.tasks})"
-                )
-            return model
-        for model in self.models.values():
-            if task in model.tasks:
-                return model
-        raise ServiceError(400, "unsupported_task", f"no model served here does {task}")
-
-    def load(self) -> None:
-        """Blocking: load every model and warm every shape (runs in a worker thread)."""
-        for name, path in self.settings.model_dirs().items():
-            started = time.perf_counter()
-            model = ServedModel(name, path, self.settings, self.metrics)
-            if self.settings.warmup:
-                model.batcher.warm_up()
-            self.models[name] = model
-            shapes = len(model.batcher.shapes())
-            print(f"loaded {name} from {path}: {shapes} shapes warmed in {time.perf_counter() - started:.1f} s")
+from .state import ServiceState
 
 
 def create_app(settings: ServiceSettings | None = None) -> FastAPI:
@@ -68,9 +29,7 @@ def create_app(settings: ServiceSettings | None = None) -> FastAPI:
     async def load_then_ready():
         try:
             await asyncio.to_thread(state.load)
-            for model in state.models.values():
-                model.batcher.start()
-            state.ready = not state.stopping
+            state.start()
         except Exception as error:  # reported by /ready; the process stays up to say why
             state.load_error = f"{type(error).__name__}: {error}"
             print(f"model loading failed: {state.load_error}")
@@ -79,10 +38,9 @@ def create_app(settings: ServiceSettings | None = None) -> FastAPI:
     async def lifespan(app: FastAPI):
         loading = asyncio.create_task(load_then_ready())
         yield
-        state.stopping = True
-        state.ready = False  # admission closed: new requests get 503
+        state.stopping = True  # a load still under way ends without opening admission
         await loading
-        await asyncio.gather(*(m.batcher.stop() for m in state.models.values() if m.batcher.lanes["short"].task))
+        await state.stop()
 
     app = FastAPI(
         title="BiGS serving",

@@ -25,6 +25,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from export.heads import MASK_POSITIONS, placeholder_inputs, signature
+
 from .buckets import batch_sizes, pad_positions, pad_to_bucket
 from .metrics import ServiceMetrics
 from .runtimes import Runtime
@@ -112,14 +114,7 @@ class ModelBatcher:
     def warm_up(self) -> None:
         """Run every shape once (blocking; called before the service says ready)."""
         for head, bucket, batch in self.shapes():
-            inputs = {
-                "input_ids": np.zeros((batch, bucket), np.int64),
-                "attention_mask": np.ones((batch, bucket), np.int64),
-                "token_type_ids": np.zeros((batch, bucket), np.int64),
-            }
-            if head == "fill-mask":
-                inputs["mask_positions"] = np.ones((batch, 1), np.int64)
-            self.runtime.run(head, bucket, inputs)
+            self.runtime.run(head, bucket, placeholder_inputs(head, batch, bucket))
 
     # -- the queue ------------------------------------------------------------------------
 
@@ -205,9 +200,9 @@ class ModelBatcher:
     async def _run(self, lane: Lane, key: tuple[str, int], jobs: list[Job]) -> None:
         head, bucket = key
         inputs = pad_to_bucket([job.encoded for job in jobs], bucket)
-        if head == "fill-mask":
+        if signature(head).takes_positions:
             width = max(len(job.mask_positions) for job in jobs)
-            inputs["mask_positions"] = pad_positions([job.mask_positions for job in jobs], width)
+            inputs[MASK_POSITIONS] = pad_positions([job.mask_positions for job in jobs], width)
         started = time.perf_counter()
         for job in jobs:
             job.queue_s = started - job.enqueued
@@ -232,6 +227,6 @@ class ModelBatcher:
             job.compute_tokens = bucket
             if not job.future.done():
                 result = outputs[row]
-                if head == "fill-mask":
+                if job.mask_positions is not None:  # this job's positions only, not the batch's padding
                     result = result[: len(job.mask_positions)]
                 job.future.set_result(result)

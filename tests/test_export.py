@@ -23,6 +23,7 @@ from safetensors.torch import save_file
 
 import bigs_cli
 from export.build import resolve_buckets
+from export.manifest import StableHLOArtifact
 from export.modules import ChunkedSSM, ToeplitzSSM, export_wrapper, formulation_for, frozen_ssms
 from export.onnx_runtime import load_sessions, map_weights
 from export.parity import error_ratio
@@ -169,7 +170,7 @@ def mlm(tmp_path_factory):
 def test_manifest_records_buckets_formulations_and_parity(mlm):
     _, out, manifest = mlm
     assert manifest["buckets"] == MLM_BUCKETS
-    assert manifest["tasks"] == ["fill-mask", "embeddings"]
+    assert manifest["heads"] == ["fill-mask", "embeddings"]
     assert manifest["parity"]["passed"] and not manifest["parity"]["breaches"]
     assert {"torch", "onnx", "onnxruntime", "jax"} <= set(manifest["versions"])
     for bucket in MLM_BUCKETS:
@@ -180,7 +181,7 @@ def test_manifest_records_buckets_formulations_and_parity(mlm):
         assert entry["sha256"] == manifest["files"][entry["file"]]["sha256"]
         for head in ("fill-mask", "embeddings"):
             hlo = manifest["stablehlo"]["heads"][head]["buckets"][str(bucket)]
-            assert error_ratio(hlo) < TOLERANCE
+            assert error_ratio(StableHLOArtifact.model_validate(hlo)) < TOLERANCE
             assert (out / hlo["file"]).is_file()
     # self-contained: the artifact's files are in the export dir
     assert {"config.json", "model.safetensors"} <= set(manifest["files"])
@@ -362,7 +363,7 @@ def classifier(tmp_path_factory):
 @pytest.mark.slow
 def test_classifier_export_heads_labels_tokenizer_and_int8(classifier):
     model, out, manifest = classifier
-    assert manifest["tasks"] == ["classification", "embeddings"]
+    assert manifest["heads"] == ["classification", "embeddings"]
     assert manifest["labels"] == {"0": "negative", "1": "positive"}
     assert manifest["tokenizer"]["source"] == "artifact" and "tokenizer.json" in manifest["tokenizer"]["files"]
     assert (out / "tokenizer.json").is_file() and "tokenizer.json" in manifest["files"]

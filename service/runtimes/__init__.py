@@ -6,8 +6,9 @@
 - torch     the torch model of the artifact itself, eager: the reference the others are measured
             against (needs the `torch` extra).
 
-Heads are the manifest's tasks: "fill-mask" (logits at `mask_positions`), "classification"
-(logits), "embeddings" (mean of the last hidden state over real tokens).
+Heads and their signatures are export/heads.py's: "fill-mask" (logits at `mask_positions`),
+"classification" (logits), "embeddings" (mean of the last hidden state over real tokens). Each
+runtime is built from the export dir and its manifest, read once by the caller.
 """
 
 from __future__ import annotations
@@ -16,6 +17,8 @@ from pathlib import Path
 from typing import Protocol
 
 import numpy as np
+
+from export.manifest import Manifest
 
 
 class Runtime(Protocol):
@@ -30,7 +33,7 @@ class Runtime(Protocol):
 
 
 def load_runtime(
-    kind: str, export_dir: str | Path, manifest: dict, intra_op_threads: int = 0, ort_spin_wait: bool = False
+    kind: str, export_dir: str | Path, manifest: Manifest, intra_op_threads: int = 0, ort_spin_wait: bool = False
 ) -> Runtime:
     if kind == "onnx":
         from .onnx import OnnxRuntime

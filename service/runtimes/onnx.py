@@ -7,9 +7,9 @@ from pathlib import Path
 import numpy as np
 import onnxruntime as ort
 
+from export.heads import MASK_POSITIONS, signature
+from export.manifest import Manifest
 from export.onnx_runtime import load_sessions
-
-OUTPUT_OF_HEAD = {"fill-mask": "logits", "classification": "logits", "embeddings": "embeddings"}
 
 
 def available_providers() -> list[str]:
@@ -21,15 +21,14 @@ def available_providers() -> list[str]:
 class OnnxRuntime:
     kind = "onnx"
 
-    def __init__(self, export_dir: str | Path, manifest: dict, intra_op_threads: int = 0, spin_wait: bool = False):
-        if "onnx" not in manifest:
-            raise ValueError(f"{export_dir} has no ONNX graphs (export with --formats onnx)")
-        self.heads = list(manifest["tasks"])
-        self.sessions = load_sessions(
+    def __init__(self, export_dir: str | Path, manifest: Manifest, intra_op_threads: int = 0, spin_wait: bool = False):
+        self.heads = list(manifest.heads)
+        self.sessions = load_sessions(  # one graph per bucket serves every head: outputs chosen per call
             export_dir,
             intra_op_threads=intra_op_threads or None,
             providers=available_providers(),
             spin_wait=spin_wait,
+            manifest=manifest,
         )
         self.buckets = sorted(self.sessions)
         first = self.sessions[self.buckets[0]]
@@ -37,7 +36,7 @@ class OnnxRuntime:
 
     def run(self, head: str, bucket: int, inputs: dict[str, np.ndarray]) -> np.ndarray:
         feeds = {name: value for name, value in inputs.items() if name in self.input_names}
-        if "mask_positions" in self.input_names and "mask_positions" not in feeds:
-            feeds["mask_positions"] = np.zeros((inputs["input_ids"].shape[0], 1), np.int64)  # unused by this head
-        (output,) = self.sessions[bucket].run([OUTPUT_OF_HEAD[head]], feeds)
+        if MASK_POSITIONS in self.input_names and MASK_POSITIONS not in feeds:
+            feeds[MASK_POSITIONS] = np.zeros((inputs["input_ids"].shape[0], 1), np.int64)  # unused by this head
+        (output,) = self.sessions[bucket].run([signature(head).output], feeds)
         return output

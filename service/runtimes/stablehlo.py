@@ -11,6 +11,8 @@ from pathlib import Path
 
 import numpy as np
 
+from export.heads import MASK_POSITIONS, signature
+from export.manifest import Manifest
 from export.stablehlo_runtime import load_stablehlo
 
 MASK_WIDTH_STEP = 8
@@ -19,23 +21,23 @@ MASK_WIDTH_STEP = 8
 class StableHLORuntime:
     kind = "stablehlo"
 
-    def __init__(self, export_dir: str | Path, manifest: dict):
-        if "stablehlo" not in manifest:
-            raise ValueError(f"{export_dir} has no StableHLO artifacts (export with --formats stablehlo)")
-        self.heads = list(manifest["tasks"])
-        self.buckets = list(manifest["buckets"])
-        self.functions = {(h, b): load_stablehlo(export_dir, h, b) for h in self.heads for b in self.buckets}
-        self.input_names = {h: [i["name"] for i in manifest["stablehlo"]["heads"][h]["inputs"]] for h in self.heads}
+    def __init__(self, export_dir: str | Path, manifest: Manifest):
+        self.heads = list(manifest.heads)
+        self.buckets = list(manifest.buckets)
+        self.functions = {
+            (h, b): load_stablehlo(export_dir, h, b, manifest=manifest) for h in self.heads for b in self.buckets
+        }
 
     def run(self, head: str, bucket: int, inputs: dict[str, np.ndarray]) -> np.ndarray:
         inputs = dict(inputs)
         width = 0
-        if head == "fill-mask":
-            positions = inputs["mask_positions"]
+        takes_positions = signature(head).takes_positions
+        if takes_positions:
+            positions = inputs[MASK_POSITIONS]
             width = positions.shape[1]
             padded = -(-width // MASK_WIDTH_STEP) * MASK_WIDTH_STEP
-            inputs["mask_positions"] = np.pad(positions, ((0, 0), (0, padded - width)), mode="edge")
-        args = [inputs[name].astype(np.int32) for name in self.input_names[head]]
-        outputs = self.functions[(head, bucket)](*args)
-        result = np.asarray(next(iter(outputs.values())))
-        return result[:, :width] if head == "fill-mask" else result
+            inputs[MASK_POSITIONS] = np.pad(positions, ((0, 0), (0, padded - width)), mode="edge")
+        run = self.functions[(head, bucket)]
+        outputs = run(*(inputs[name].astype(np.int32) for name in run.input_names))
+        result = np.asarray(outputs[signature(head).output])
+        return result[:, :width] if takes_positions else result

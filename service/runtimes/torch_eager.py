@@ -7,29 +7,31 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from export.heads import MASK_POSITIONS, SEQUENCE_INPUTS
+from export.manifest import Manifest
 from model.modeling_bigs import mean_pool
 
 
 class TorchRuntime:
     kind = "torch"
 
-    def __init__(self, export_dir: str | Path, manifest: dict, intra_op_threads: int = 0):
+    def __init__(self, export_dir: str | Path, manifest: Manifest, intra_op_threads: int = 0):
         from transformers import AutoModelForMaskedLM, AutoModelForSequenceClassification
 
         import model  # noqa: F401  (registers BiGS with the Auto classes)
 
         if intra_op_threads:
             torch.set_num_threads(intra_op_threads)
-        self.heads = list(manifest["tasks"])
-        self.buckets = list(manifest["buckets"])
+        self.heads = list(manifest.heads)
+        self.buckets = list(manifest.buckets)
         loader = AutoModelForMaskedLM if "fill-mask" in self.heads else AutoModelForSequenceClassification
         self.model = loader.from_pretrained(str(export_dir), ssm_formulation="fft").eval()
 
     @torch.inference_mode()
     def run(self, head: str, bucket: int, inputs: dict[str, np.ndarray]) -> np.ndarray:
-        feeds = {k: torch.from_numpy(inputs[k]) for k in ("input_ids", "attention_mask", "token_type_ids")}
+        feeds = {k: torch.from_numpy(inputs[k]) for k in SEQUENCE_INPUTS}
         if head == "fill-mask":
-            positions = torch.from_numpy(inputs["mask_positions"])
+            positions = torch.from_numpy(inputs[MASK_POSITIONS])
             return self.model(**feeds, logits_positions=positions).logits.numpy()
         if head == "classification":
             return self.model(**feeds).logits.numpy()

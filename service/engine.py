@@ -1,0 +1,284 @@
+"""The inference facade: one `ModelEngine` per served model, the middle of every request's path.
+
+A route handler validates the body, asks the service state for the engine, calls ONE method of it
+(`fill_mask`, `classify`, `embed`) and shapes the answer. Everything between lives here, in the
+order a request meets it:
+
+    admit        a permit from the service-wide bound on requests in flight (else 429, Retry-After)
+    encode       the model's tokenizer, in a worker thread (service/tokenization.py); meanwhile the
+                 batcher knows more inputs are on their way (service/batcher.py waits only for those)
+    submit       one job per input onto the (head, bucket) queues of the batcher (service/buckets.py)
+    await        the jobs' futures, watching the request's deadline (504) and the client's disconnect
+                 (its queued inputs are then dropped before they cost compute)
+    postprocess  logits → scores and candidates, pooled vectors → embeddings (service/postprocess.py)
+
+An engine is built from an export dir's manifest, read once by the service state (service/state.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from export.manifest import Manifest
+
+from .batcher import DeadlineExceeded, Job, ModelBatcher, RuntimeFailure
+from .buckets import bucket_for
+from .errors import ServiceError
+from .metrics import ServiceMetrics
+from .postprocess import classification_scores, default_function, fill_mask_candidates, l2_normalize
+from .runtimes import Runtime, load_runtime
+from .schemas import ClassifyParameters, EmbedParameters, FillMaskParameters, ModelCard
+from .settings import ServiceSettings
+from .tokenization import Encoded, RequestTokenizer, TooLong
+
+# Returns when the client has gone away (the route knows how to tell; the engine watches for it).
+ClientGone = Callable[[], Awaitable[None]]
+
+
+class Admission:
+    """The service-wide bound on requests in flight: past it, 429 with Retry-After instead of an
+    unbounded queue. Closed (503) until the service is ready and again once it begins to stop."""
+
+    def __init__(self, max_in_flight: int, metrics: ServiceMetrics):
+        self.max_in_flight, self.metrics = max_in_flight, metrics
+        self.in_flight = 0
+        self.open = False
+
+    async def __aenter__(self):
+        if not self.open:
+            raise ServiceError(503, "not_ready", "the service is starting or shutting down", {"Retry-After": "1"})
+        if self.in_flight >= self.max_in_flight:
+            self.metrics.rejected.inc()
+            raise ServiceError(429, "overloaded", "too many requests in flight; retry shortly", {"Retry-After": "1"})
+        self.in_flight += 1
+        self.metrics.in_flight.set(self.in_flight)
+
+    async def __aexit__(self, *_):
+        self.in_flight -= 1
+        self.metrics.in_flight.set(self.in_flight)
+
+
+@dataclass
+class Answer:
+    """What an engine answers one request with: the content per input, and where the time went."""
+
+    content: list
+    jobs: list[Job]
+
+    def headers(self, started: float) -> dict[str, str]:
+        """The slowest input's queue and inference time, the total since `started`, tokens computed."""
+        return {
+            "x-queue-time": f"{max(j.queue_s for j in self.jobs) * 1000:.2f}",
+            "x-inference-time": f"{max(j.inference_s for j in self.jobs) * 1000:.2f}",
+            "x-total-time": f"{(time.perf_counter() - started) * 1000:.2f}",
+            "x-compute-tokens": str(sum(j.compute_tokens for j in self.jobs)),
+        }
+
+
+class ModelEngine:
+    """One served model: its tokenizer, runtime and batcher, and the request path through them."""
+
+    def __init__(
+        self,
+        name: str,
+        export_dir: str | Path,
+        manifest: Manifest,
+        settings: ServiceSettings,
+        metrics: ServiceMetrics,
+        admission: Admission,
+    ):
+        self.name = name
+        self.export_dir = Path(export_dir)
+        self.manifest = manifest
+        self.settings = settings
+        self.admission = admission
+        self.heads: list[str] = list(manifest.heads)
+        self.buckets: list[int] = sorted(manifest.buckets)
+        self.max_length = self.buckets[-1]
+        self.id2label = manifest.labels
+        self.problem_type = _config_field(self.export_dir, "problem_type")
+        self.tokenizer = RequestTokenizer(self.export_dir / "tokenizer.json", self.max_length)
+        self.runtime: Runtime = load_runtime(
+            settings.runtime, self.export_dir, manifest, settings.intra_op_threads, settings.ort_spin_wait
+        )
+        self.batcher = ModelBatcher(name, self.runtime, settings, metrics)
+
+    def card(self) -> ModelCard:
+        return ModelCard(
+            name=self.name,
+            tasks=self.heads,  # the public API's word for a head
+            labels=[self.id2label[i] for i in sorted(self.id2label)] if self.id2label else None,
+            max_length=self.max_length,
+            buckets=self.buckets,
+            runtime=self.runtime.kind,
+        )
+
+    # -- lifecycle --------------------------------------------------------------------------
+
+    def warm_up(self) -> int:
+        """Run every shape the batcher can emit (blocking); the number of shapes."""
+        self.batcher.warm_up()
+        return len(self.batcher.shapes())
+
+    def start(self) -> None:
+        self.batcher.start()
+
+    async def stop(self) -> None:
+        await self.batcher.stop()
+
+    # -- the three requests -----------------------------------------------------------------
+
+    async def fill_mask(self, texts: list[str], params: FillMaskParameters, client_gone: ClientGone) -> Answer:
+        """Per text: the candidates of its one [MASK], or a list of them per [MASK] when it has several."""
+        self._check_count(texts)
+        async with self.admission:
+            encoded = await self._encode(texts)
+            positions = [self._mask_positions(i, enc) for i, enc in enumerate(encoded)]
+            target_ids = self._target_ids(params.targets)
+            jobs = self._submit("fill-mask", encoded, positions)
+            outputs = await self._await(jobs, client_gone)
+        content = []
+        for enc, found, logits in zip(encoded, positions, outputs, strict=True):
+            per_mask = [
+                fill_mask_candidates(
+                    logits[m], enc.input_ids, int(pos), self.tokenizer, params.top_k, target_ids, len(found) == 1
+                )
+                for m, pos in enumerate(found)
+            ]
+            content.append(per_mask[0] if len(per_mask) == 1 else per_mask)
+        return Answer(content, jobs)
+
+    async def classify(
+        self,
+        items: list[str | tuple[str, str]],
+        params: ClassifyParameters,
+        client_gone: ClientGone,
+        documents: bool = False,
+    ) -> Answer:
+        """Per text or (text, text_pair): [{"label", "score"}] sorted by score. `documents`: up to the
+        model's longest bucket (4,096), truncation cutting the document, never its query; otherwise up
+        to `classify_max_length`."""
+        self._check_count(items)
+        limit = None if documents else min(self.settings.classify_max_length, self.max_length)
+        async with self.admission:
+            encoded = await self._encode(items, params.truncate, documents, limit)
+            jobs = self._submit("classification", encoded)
+            outputs = await self._await(jobs, client_gone)
+        function = params.function_to_apply or default_function(self.problem_type, len(self.id2label))
+        return Answer(
+            [classification_scores(logits, self.id2label, function, params.top_k) for logits in outputs], jobs
+        )
+
+    async def embed(self, texts: list[str], params: EmbedParameters, client_gone: ClientGone) -> Answer:
+        """Per text: the mean-pooled embedding, L2-normalised unless asked otherwise."""
+        self._check_count(texts)
+        async with self.admission:
+            encoded = await self._encode(texts, params.truncate)
+            jobs = self._submit("embeddings", encoded)
+            outputs = await self._await(jobs, client_gone)
+        vectors = np.stack(outputs)
+        if params.normalize:
+            vectors = l2_normalize(vectors)
+        return Answer(vectors.tolist(), jobs)
+
+    # -- the stages -------------------------------------------------------------------------
+
+    def _check_count(self, items: list) -> None:
+        limit = self.settings.max_inputs_per_request
+        if len(items) > limit:
+            raise ServiceError(422, "validation", f"{len(items)} inputs in one request; at most {limit}")
+
+    async def _encode(
+        self, items: list, truncate: bool = False, documents: bool = False, limit: int | None = None
+    ) -> list[Encoded]:
+        """Tokenize in a worker thread. `limit` (below the model's max length): the most tokens this
+        endpoint takes; `truncate` cuts there, else too long is 413."""
+        try:
+            with self.batcher.expecting():  # queued right after, with no await in between
+                return await asyncio.to_thread(self.tokenizer.encode, items, truncate, documents, limit)
+        except TooLong as error:
+            if limit is None or limit >= self.max_length:
+                raise ServiceError(413, "too_long", str(error)) from None
+            raise ServiceError(
+                413,
+                "too_long",
+                f"input {error.index} has {error.length} tokens; /v1/classify takes at most {limit} "
+                "(use /v1/documents/classify for long documents, or set truncate)",
+            ) from None
+
+    def _mask_positions(self, index: int, encoded: Encoded) -> np.ndarray:
+        found = np.flatnonzero(encoded.input_ids == self.tokenizer.mask_token_id)
+        if not len(found):
+            raise ServiceError(422, "validation", f"input {index} has no [MASK] token")
+        limit = self.settings.max_masks_per_input
+        if len(found) > limit:
+            raise ServiceError(422, "validation", f"input {index} has {len(found)} [MASK] tokens; at most {limit}")
+        return found
+
+    def _target_ids(self, targets: list[str] | str | None) -> list[int] | None:
+        if targets is None:
+            return None
+        words = [targets] if isinstance(targets, str) else targets
+        if not words:
+            raise ServiceError(422, "validation", "targets is an empty list")
+        try:
+            return self.tokenizer.token_ids(words)
+        except ValueError as error:
+            raise ServiceError(422, "validation", str(error)) from None
+
+    def _submit(self, head: str, encoded: list[Encoded], mask_positions: list[np.ndarray] | None = None) -> list[Job]:
+        """One job per input, each to its bucket's queue; the request's deadline starts now."""
+        loop = asyncio.get_running_loop()
+        deadline = time.perf_counter() + self.settings.request_timeout_s
+        jobs = []
+        for i, enc in enumerate(encoded):
+            job = Job(
+                head=head,
+                bucket=bucket_for(enc.length, self.buckets),
+                encoded=enc,
+                future=loop.create_future(),
+                deadline=deadline,
+                mask_positions=None if mask_positions is None else mask_positions[i],
+            )
+            self.batcher.submit(job)
+            jobs.append(job)
+        return jobs
+
+    async def _await(self, jobs: list[Job], client_gone: ClientGone) -> list[np.ndarray]:
+        """Every job's result, unless the deadline passes (504) or the client leaves (499) first;
+        whatever is still queued then is cancelled, so the batcher drops it."""
+        futures = [job.future for job in jobs]
+        deadline = jobs[0].deadline
+        gone = asyncio.ensure_future(client_gone())
+        try:
+            pending = set(futures)
+            while pending:
+                remaining = deadline - time.perf_counter()
+                if remaining <= 0:
+                    raise ServiceError(504, "timeout", "the request deadline passed before it was answered")
+                await asyncio.wait(pending | {gone}, timeout=remaining, return_when=asyncio.FIRST_COMPLETED)
+                if gone.done():
+                    raise ServiceError(499, "client_closed", "the client went away")
+                pending = {f for f in pending if not f.done()}
+            return [f.result() for f in futures]
+        except DeadlineExceeded as error:
+            raise ServiceError(504, "timeout", str(error)) from None
+        except RuntimeFailure as error:
+            raise ServiceError(500, "runtime_error", f"the model failed on this batch: {error}") from None
+        finally:
+            gone.cancel()
+            for future in futures:
+                future.cancel()
+
+
+def _config_field(export_dir: Path, name: str):
+    """One field of the export dir's config.json (the model's own config, copied from the artifact)."""
+    import json
+
+    return json.loads((export_dir / "config.json").read_text()).get(name)
