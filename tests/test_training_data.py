@@ -16,20 +16,13 @@ import pytest
 
 from training.data import clean, loaders
 from training.data.corpus import build_corpus, build_labelled, open_split, repack
-from training.data.masking import IGNORE_INDEX, MaskingConfig, mask_tokens, mlm_batches
-from training.data.packing import (
-    BatchOrder,
-    LabelledDataset,
-    PackedDataset,
-    SpecialIds,
-    backend_tokenizer,
-    encode_labelled,
-    pack_rows,
-    pack_store,
-    tokenize_documents,
-)
+from training.data.dataset import BatchOrder, LabelledDataset, PackedDataset
+from training.data.masking import IGNORE_INDEX, MaskingConfig, mask_tokens
+from training.data.packing import pack_rows, pack_store
 from training.data.sources import SOURCES, Document, Source
 from training.data.splits import SPLITS, dedupe_documents, split_documents, split_sizes
+from training.data.tokenization import SpecialIds, backend_tokenizer, encode_labelled, tokenize_documents
+from training.stages import labelled_eval_batches, mlm_batch_source, mlm_eval_batches
 
 SENTENCE = (
     "state space models read a sequence through a convolution whose kernel is shared by every channel "
@@ -66,6 +59,14 @@ def packed(tmp_path_factory, tok):
     tokenize_documents(docs, root / "tokens", tok)
     pack_store(root / "tokens", root / "packed", seq_len=32, rows_per_shard=50)
     return docs, PackedDataset(root / "packed")
+
+
+def unmasked(batch: dict[str, np.ndarray]) -> np.ndarray:
+    """The rows an MLM batch was made from: the original ids put back at its masked positions."""
+    ids = batch["input_ids"].copy()
+    r, j = np.nonzero(batch["labels"] != IGNORE_INDEX)
+    ids[r, batch["logits_positions"][r, j]] = batch["labels"][r, j]
+    return ids
 
 
 # ---------------------------------------------------------------------------------------- loaders
@@ -252,38 +253,35 @@ def test_shards_are_memory_mapped(packed):
     assert np.array_equal(ds[idx], np.stack([ds[int(i)] for i in idx]))
 
 
-def test_batches_resume_exactly(packed):
+def test_batches_resume_exactly(packed, mcfg):
     _, ds = packed
     bs = 8
     spe = len(ds) // bs
-    full = list(ds.batches(bs, seed=5, num_steps=2 * spe + 3))
+    batch_at = mlm_batch_source(ds, bs, mcfg, seed=5)
+    full = [batch_at(step) for step in range(2 * spe + 3)]
     k = spe - 2  # resume just before an epoch boundary
-    resumed = list(ds.batches(bs, seed=5, start_step=k, num_steps=len(full) - k))
-    assert [b.step for b in resumed] == [b.step for b in full[k:]]
+    restarted = mlm_batch_source(ds, bs, mcfg, seed=5)  # a new process: nothing carried over
+    resumed = [restarted(step) for step in range(k, len(full))]
     for a, b in zip(full[k:], resumed, strict=True):
-        assert a.epoch == b.epoch and np.array_equal(a["input_ids"], b["input_ids"])
-    assert full[spe].epoch == 1 and full[spe - 1].epoch == 0
+        assert all(np.array_equal(a[key], b[key]) for key in a)
+    # the rows of step s are those the seeded order gives for s
+    order = BatchOrder(len(ds), bs, 5)
+    assert all(np.array_equal(unmasked(b), ds[order.indices(s)[1]]) for s, b in enumerate(full))
+    assert order.indices(spe)[0] == 1 and order.indices(spe - 1)[0] == 0
     # an epoch visits each row at most once; epochs are different permutations
-    epoch0 = np.concatenate([BatchOrder(len(ds), bs, 5).indices(s)[1] for s in range(spe)])
+    epoch0 = np.concatenate([order.indices(s)[1] for s in range(spe)])
     assert len(set(epoch0.tolist())) == spe * bs
-    assert not np.array_equal(BatchOrder(len(ds), bs, 5).permutation(0), BatchOrder(len(ds), bs, 5).permutation(1))
-    other = next(ds.batches(bs, seed=6))
-    assert not np.array_equal(other["input_ids"], full[0]["input_ids"])
+    assert not np.array_equal(order.permutation(0), order.permutation(1))
+    other = mlm_batch_source(ds, bs, mcfg, seed=6)(0)
+    assert not np.array_equal(unmasked(other), unmasked(full[0]))
     assert full[0]["input_ids"].dtype == np.int32
-    assert np.array_equal(full[0]["attention_mask"], (full[0]["input_ids"] != 0).astype(np.int32))
+    assert np.array_equal(full[0]["attention_mask"], (unmasked(full[0]) != 0).astype(np.int32))
 
 
-def test_batches_split_over_processes(packed):
+def test_eval_batches_cover_split_once(packed, mcfg):
     _, ds = packed
-    whole = next(ds.batches(8, seed=1, start_step=3))
-    parts = [next(ds.batches(8, seed=1, start_step=3, process_index=i, process_count=2)) for i in range(2)]
-    assert np.array_equal(np.concatenate([p["input_ids"] for p in parts]), whole["input_ids"])
-
-
-def test_eval_batches_cover_split_once(packed):
-    _, ds = packed
-    batches = list(ds.batches(7, shuffle=False, drop_last=False, epochs=1))
-    rows = np.concatenate([b["input_ids"] for b in batches])
+    batches = list(mlm_eval_batches(ds, 7, mcfg, seed=0, max_batches=len(ds))())
+    rows = np.concatenate([unmasked(b) for b in batches])
     assert np.array_equal(rows, ds[:].astype(np.int32))
 
 
@@ -341,14 +339,27 @@ def test_masks_are_a_function_of_seed_and_step(sp, mcfg):
     assert not np.array_equal(a["labels"], c["labels"]) and not np.array_equal(a["labels"], d["labels"])
 
 
-def test_mlm_batches_resume_and_fresh_masks_per_epoch(packed, mcfg):
+def test_masked_batches_resume_and_masks_are_fresh_every_epoch(packed, mcfg):
     _, ds = packed
     spe = len(ds) // 4
-    full = list(mlm_batches(ds.batches(4, seed=0, shuffle=False, num_steps=spe + 1), mcfg, seed=9))
-    resumed = next(mlm_batches(ds.batches(4, seed=0, shuffle=False, start_step=spe), mcfg, seed=9))
-    assert np.array_equal(full[spe]["input_ids"], resumed["input_ids"])
-    # same rows in epoch 0 and epoch 1 (no shuffle), different masks
-    assert not np.array_equal(full[0]["labels"], full[spe]["labels"])
+    batch_at = mlm_batch_source(ds, 4, mcfg, seed=9)
+    full = [batch_at(step) for step in range(spe + 1)]
+    resumed = mlm_batch_source(ds, 4, mcfg, seed=9)(spe)
+    assert all(np.array_equal(full[spe][key], resumed[key]) for key in resumed)
+    # the same rows in epoch 0 and epoch 1 get different masks
+    order = BatchOrder(len(ds), 4, 9)
+
+    def masked_positions(epoch: int) -> dict[int, tuple[int, ...]]:
+        out = {}
+        for step in range(epoch * spe, (epoch + 1) * spe):
+            batch, rows = batch_at(step), order.indices(step)[1]
+            for row, positions, labels in zip(rows, batch["logits_positions"], batch["labels"], strict=True):
+                out[int(row)] = tuple(positions[labels != IGNORE_INDEX].tolist())
+        return out
+
+    epoch0, epoch1 = masked_positions(0), masked_positions(1)
+    rows = epoch0.keys() & epoch1.keys()
+    assert len(rows) > 0.9 * len(ds) and sum(epoch0[r] != epoch1[r] for r in rows) > 0.9 * len(rows)
 
 
 def test_masking_uint16_rows_from_shards(packed, mcfg):
@@ -363,13 +374,14 @@ def test_masking_uint16_rows_from_shards(packed, mcfg):
 def test_max_predictions_positions(sp, mcfg):
     ids = random_batch(sp, mcfg, b=32)
     out = mask_tokens(ids, mcfg, seed=0, step=3, max_predictions=20)
-    labels, pos, mids, w = out["labels"], out["mlm_positions"], out["mlm_ids"], out["mlm_weights"]
+    labels, pos, mids = out["labels"], out["mlm_positions"], out["mlm_ids"]
     assert ((labels != IGNORE_INDEX).sum(axis=1) <= 20).all()
     for i in range(len(ids)):
         cols = np.nonzero(labels[i] != IGNORE_INDEX)[0]
         k = len(cols)
         assert np.array_equal(pos[i, :k], cols) and np.array_equal(mids[i, :k], ids[i, cols])
-        assert (w[i, :k] == 1).all() and (w[i, k:] == 0).all() and (mids[i, k:] == IGNORE_INDEX).all()
+        # IGNORE_INDEX marks exactly the empty slots after a row's k predictions
+        assert (mids[i, :k] != IGNORE_INDEX).all() and (mids[i, k:] == IGNORE_INDEX).all()
 
 
 # --------------------------------------------------------------------------------------- labelled
@@ -383,7 +395,7 @@ def test_labelled_pairs_get_token_type_ids(tmp_path, tok, sp):
     label2id = {"entailment": 0, "neutral": 1}
     index = encode_labelled(docs, tmp_path / "enc", label2id, max_length=16, tokenizer=tok)
     ds = LabelledDataset(tmp_path / "enc")
-    batch = next(ds.batches(2, shuffle=False, drop_last=False, epochs=1))
+    batch = next(iter(labelled_eval_batches(ds, 2)()))
     ids, tt = batch["input_ids"], batch["token_type_ids"]
     a = tok.encode("a man is walking", add_special_tokens=False).ids
     b = tok.encode("a person moves", add_special_tokens=False).ids
@@ -397,8 +409,6 @@ def test_labelled_pairs_get_token_type_ids(tmp_path, tok, sp):
     )
     assert batch["labels"].tolist() == [0, 1] and index["truncated"] == 1 and index["pairs"]
     assert ds.id2label == {0: "entailment", 1: "neutral"}
-    last = list(ds.batches(3, shuffle=False, drop_last=False, epochs=1, pad_last=True))[0]
-    assert last["input_ids"].shape == (3, 16) and last["weights"].tolist() == [1, 1, 0]
 
 
 # ----------------------------------------------------------------------------------------- corpus
@@ -527,7 +537,7 @@ def test_bbc_news_end_to_end(tmp_path):
     ids = {s: set((tmp_path / "bbc" / s / "doc_ids.txt").read_text().splitlines()) for s in SPLITS}
     assert not (ids["train"] & ids["test"]) and not (ids["train"] & ids["validation"])
     ds = open_split(tmp_path / "bbc", "test")
-    batch = next(ds.batches(16, shuffle=False))
+    batch = next(iter(labelled_eval_batches(ds, 16)()))
     assert batch["input_ids"].shape == (16, 128) and (batch["input_ids"][:, 0] == 101).all()
     assert sizes["train"]["truncated"] > 0.9 * sizes["train"]["documents"]  # median article ~420 tokens
 
@@ -544,7 +554,7 @@ def test_kjv_corpus_end_to_end(tmp_path):
     text = " ".join(tok.decode(ds[i].tolist()) for i in range(50))
     assert " god " in text and " lord " in text
     cfg = MaskingConfig.from_tokenizer(tok)
-    batch = next(mlm_batches(ds.batches(32, seed=0, start_step=10), cfg, seed=0))
+    batch = mlm_batch_source(ds, 32, cfg, seed=0)(10)
     frac = (batch["labels"] != IGNORE_INDEX).sum() / (batch["attention_mask"].sum() - 2 * 32)
     assert 0.13 < frac < 0.17
 

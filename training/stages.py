@@ -19,8 +19,7 @@ import numpy as np
 from model.configuration_bigs import BiGSConfig
 from model.modeling_flax_bigs import FlaxBiGSForMaskedLMModule, FlaxBiGSForSequenceClassificationModule, init_params
 from model.tokenizer import bert_uncased_tokenizer
-from training.data import MaskingConfig, build_corpus, build_labelled, mask_tokens, open_split, repack
-from training.data.packing import BatchOrder
+from training.data import BatchOrder, MaskingConfig, build_corpus, build_labelled, mask_tokens, open_split, repack
 
 from .artifact import device_description, load_artifact, write_artifact
 from .config import TrainConfig
@@ -61,6 +60,8 @@ def backbone_from(source: dict, fresh: dict) -> dict:
 # ------------------------------------------------------------------------------------------
 # Data → batch sources
 # ------------------------------------------------------------------------------------------
+# Every source reads rows through a BatchOrder: training asks for the batch of step s (so a
+# resumed run gets exactly the batches it would have had), evaluation reads one ordered pass.
 
 
 def max_predictions(seq_len: int, mask_prob: float) -> int:
@@ -82,7 +83,7 @@ def masked_batch(ids: np.ndarray, masking: MaskingConfig, seed: int, step: int) 
 
 
 def mlm_batch_source(split, batch_size: int, masking: MaskingConfig, seed: int):
-    order = split.order(batch_size, seed=seed)
+    order = BatchOrder(len(split), batch_size, seed)
 
     def batch_at(step: int) -> dict[str, np.ndarray]:
         _, rows = order.indices(step)
@@ -93,13 +94,13 @@ def mlm_batch_source(split, batch_size: int, masking: MaskingConfig, seed: int):
 
 def mlm_eval_batches(split, batch_size: int, masking: MaskingConfig, seed: int, max_batches: int):
     """The same masked held-out batches at every evaluation (fixed rows, fixed masks)."""
-    n = min(len(split), batch_size * max_batches)
+    order = BatchOrder.one_pass(min(len(split), batch_size * max_batches), batch_size)
     held_out_seed = seed + 7919
 
     def batches():
-        for i, start in enumerate(range(0, n, batch_size)):
-            ids = split[np.arange(start, min(start + batch_size, n))].astype(np.int32)
-            yield masked_batch(ids, masking, held_out_seed, i)
+        for step in range(order.steps_per_epoch):
+            _, rows = order.indices(step)
+            yield masked_batch(split[rows].astype(np.int32), masking, held_out_seed, step)
 
     return batches
 
@@ -116,9 +117,12 @@ def labelled_batch_source(split, batch_size: int, seed: int):
 
 
 def labelled_eval_batches(split, batch_size: int):
+    order = BatchOrder.one_pass(len(split), batch_size)
+
     def batches():
-        for start in range(0, len(split), batch_size):
-            arrays = split.take(np.arange(start, min(start + batch_size, len(split))))
+        for step in range(order.steps_per_epoch):
+            _, rows = order.indices(step)
+            arrays = split.take(rows)
             yield {k: arrays[k] for k in ("input_ids", "attention_mask", "token_type_ids", "labels")}
 
     return batches

@@ -2,19 +2,21 @@
 document-level splits, tokenize-once packing into memory-mapped shards, and MLM masking.
 
 Stages, one module each, in the order data flows:
-    fetch.py    package clients (apt, npm, pip) into a cache dir
-    clean.py    markup → plain prose
-    sources.py  the registry of real corpora (`SOURCES`), `Document`
-    loaders.py  local text / JSONL / CSV / folder-of-folders / "hf:" specs
-    splits.py   train/validation/test by document, seeded, stratified for labels
-    packing.py  token store → packed shards; resumable seeded batch readers
-    masking.py  BERT 80/10/10 masking keyed by (seed, step)
-    corpus.py   build_corpus / build_labelled: the one call the training stages make
+    fetch.py         package clients (apt, npm, pip) into a cache dir
+    clean.py         markup → plain prose
+    sources.py       the registry of real corpora (`SOURCES`), `Document`
+    loaders.py       local text / JSONL / CSV / folder-of-folders / "hf:" specs
+    splits.py        train/validation/test by document, seeded, stratified for labels
+    tokenization.py  documents → token store (tokenized once); labelled examples → encoded rows
+    packing.py       token store → fixed-length rows in memory-mappable shards
+    dataset.py       reading splits back: `BatchOrder` (rows of step s, seeded) + the datasets
+    masking.py       BERT 80/10/10 masking keyed by (seed, step)
+    corpus.py        build_corpus / build_labelled: the one call the training stages make
 """
 
 from training.data.corpus import build_corpus, build_labelled, load_documents, open_split, repack
-from training.data.masking import MaskingConfig, mask_tokens, mlm_batches
-from training.data.packing import LabelledDataset, PackedDataset
+from training.data.dataset import BatchOrder, LabelledDataset, PackedDataset
+from training.data.masking import MaskingConfig, mask_tokens
 from training.data.sources import LABELLED, SOURCES, UNLABELLED, Document, get_source, load_source
 from training.data.splits import SPLITS, split_documents
 
@@ -23,6 +25,7 @@ __all__ = [
     "SOURCES",
     "SPLITS",
     "UNLABELLED",
+    "BatchOrder",
     "Document",
     "LabelledDataset",
     "MaskingConfig",
@@ -33,7 +36,6 @@ __all__ = [
     "load_documents",
     "load_source",
     "mask_tokens",
-    "mlm_batches",
     "open_split",
     "repack",
     "split_documents",

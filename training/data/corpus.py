@@ -28,14 +28,8 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from training.data import loaders
-from training.data.packing import (
-    LabelledDataset,
-    PackedDataset,
-    encode_labelled,
-    pack_store,
-    tokenize_documents,
-    tokenizer_hash,
-)
+from training.data.dataset import LabelledDataset, PackedDataset
+from training.data.packing import pack_store
 from training.data.sources import SOURCES, Document, load_source, source_info, text_key
 from training.data.splits import (
     LABELLED_FRACTIONS,
@@ -47,6 +41,7 @@ from training.data.splits import (
     split_documents,
     split_sizes,
 )
+from training.data.tokenization import encode_labelled, tokenize_documents, tokenizer_hash
 
 CARD = "data_card.json"
 

@@ -40,7 +40,7 @@ class MaskingConfig:
     @classmethod
     def from_tokenizer(cls, tokenizer=None, **kw) -> MaskingConfig:
         """Special ids and the random-replacement vocabulary from a (fast) tokenizer."""
-        from training.data.packing import backend_tokenizer
+        from training.data.tokenization import backend_tokenizer
 
         tok = backend_tokenizer(tokenizer)
         vocab = tok.get_vocab()
@@ -71,9 +71,10 @@ def mask_tokens(
     max_predictions: int | None = None,
 ) -> dict[str, np.ndarray]:
     """Corrupt a (B, L) batch. Returns {input_ids, labels} (int32, (B, L)); with
-    `max_predictions` P also {mlm_positions, mlm_ids, mlm_weights} (B, P): the chosen positions
-    in order, their original ids, 1.0 for real entries (0 / -100 / 0.0 padding), for a head that
-    computes logits only where they are needed. At most P positions are chosen per sequence."""
+    `max_predictions` P also {mlm_positions, mlm_ids} (B, P): the chosen positions in order and
+    their original ids, for a head that computes logits only where they are needed. A row with
+    fewer than P chosen positions is filled with position 0 and id -100 (IGNORE_INDEX), which the
+    loss skips. At most P positions are chosen per sequence."""
     ids = np.asarray(input_ids).astype(np.int64)  # stored as uint16: −100 labels need a signed type
     if ids.ndim != 2:
         raise ValueError(f"input_ids must be (batch, length), got shape {ids.shape}")
@@ -103,19 +104,9 @@ def mask_tokens(
         b, p = ids.shape[0], max_predictions
         positions = np.zeros((b, p), np.int32)
         mlm_ids = np.full((b, p), IGNORE_INDEX, np.int32)
-        weights = np.zeros((b, p), np.float32)
         rows, cols = np.nonzero(chosen)  # row-major: positions come out sorted per row
         slot = np.arange(len(rows)) - np.searchsorted(rows, rows)  # index within its row
         positions[rows, slot] = cols
         mlm_ids[rows, slot] = ids[rows, cols]
-        weights[rows, slot] = 1.0
-        result.update(mlm_positions=positions, mlm_ids=mlm_ids, mlm_weights=weights)
+        result.update(mlm_positions=positions, mlm_ids=mlm_ids)
     return result
-
-
-def mlm_batches(batches, cfg: MaskingConfig, seed: int, max_predictions: int | None = None, process_index: int = 0):
-    """Wrap `PackedDataset.batches(...)`: each batch gets masks keyed by its own step."""
-    for batch in batches:
-        masked = mask_tokens(batch["input_ids"], cfg, seed, batch.step, process_index, max_predictions)
-        batch.arrays.update(masked)
-        yield batch
