@@ -7,7 +7,7 @@ Two markdown tables:
 2. One SSM conv alone (d=768, batch 1): S4dLayer.forward as the model runs it (kernel + conv + D·u),
    and the conv alone with the kernel / chunked constants precomputed (what an export can bake in).
 
-Chunk length of "chunked": 128 up to L=2048, 256 above (DESIGN §3), unless --chunk is given.
+Chunk length of "chunked": 128 up to L=2048, 256 above (docs/DESIGN.md §3), unless --chunk is given.
 Median (and min) over --repeats runs after --warmup runs; the formulations take turns in every
 round, so load from other processes falls on all of them alike. Usage:
 

@@ -2,9 +2,9 @@
 
 Per bucket the sequence length L is fixed, so each SSM's kernel K[:L] is a constant: it is computed
 here once, in float64 from the parameters (model/ssm.py), and stored as float32 matrices. The graph
-then holds no kernel computation and no FFT (DESIGN §3: ONNX DFT is 10–40x slower on ORT CPU and
+then holds no kernel computation and no FFT (docs/DESIGN.md §3: ONNX DFT is 10–40x slower on ORT CPU and
 breaks with dynamic lengths). Which form of the convolution a bucket gets is `formulation_for(L)`,
-the fastest measured on ORT CPU (DESIGN §3):
+the fastest measured on ORT CPU (docs/DESIGN.md §3):
 
     L ≤ 512          Toeplitz      y = T·u, one (L, L) lower-triangular MatMul
     512 < L ≤ 2048   chunked, c = 128   semiseparable: Toeplitz inside chunks, 2N real states across
@@ -36,7 +36,7 @@ from model.ssm import chunked_weights, toeplitz_matrix
 from .heads import SIGNATURES
 
 # --------------------------------------------------------------------------------------------
-# Which SSM formulation for which length (DESIGN §3, measured on ORT CPU)
+# Which SSM formulation for which length (docs/DESIGN.md §3, measured on ORT CPU)
 # --------------------------------------------------------------------------------------------
 
 TOEPLITZ_MAX_LENGTH = 512
@@ -55,7 +55,7 @@ class Formulation:
 
 
 def formulation_for(length: int) -> Formulation:
-    """The fastest measured form on ORT CPU for sequence length `length` (DESIGN §3 table)."""
+    """The fastest measured form on ORT CPU for sequence length `length` (docs/DESIGN.md §3 tables)."""
     if length <= TOEPLITZ_MAX_LENGTH:
         return Formulation("toeplitz")
     return Formulation("chunked", 128 if length <= CHUNK_128_MAX_LENGTH else 256)

@@ -6,7 +6,7 @@ Each artifact is `stablehlo/<head>_<bucket>.bin` = `exported.serialize()` of a j
 
 over the Flax model of model/modeling_flax_bigs.py, with a symbolic batch dimension `b` (and `p`,
 the number of mask positions, for fill-mask) and the sequence length fixed to the bucket: the
-Flax SSM uses an FFT, whose length must be static (DESIGN §3). Input ids are int32 (JAX without
+Flax SSM uses an FFT, whose length must be static (docs/DESIGN.md §3.4). Input ids are int32 (JAX without
 x64).
 
 Weights are arguments by default: `params` is a flat list whose order and provenance the manifest

@@ -3,7 +3,7 @@
 Module and parameter names are those of the published PyTorch port, so its checkpoints load
 with no missing or unexpected weights. One deliberate difference: with `mask_padding_in_ssm`
 (the default) the SSM inputs are zeroed at padded positions, so the outputs at real tokens do
-not depend on padding or batching (DESIGN §2). For unpadded input both behaviours are identical.
+not depend on padding or batching (docs/DESIGN.md §2.5). For unpadded input both behaviours are identical.
 
 Shapes: B batch, L sequence, d hidden_size, I intermediate_size, N num_ssm.
 """
@@ -88,7 +88,7 @@ class S4dLayer(nn.Module):
 
 
 class BiGSLayer(nn.Module):
-    """One BiGS layer (paper Fig. 2, DESIGN §2), X (B, L, d) → X' (B, L, d):
+    """One BiGS layer (paper Fig. 2, docs/DESIGN.md §2.2), X (B, L, d) → X' (B, L, d):
 
     H  = LayerNorm(X)
     V  = σ(H Wv)                 dv            (B, L, I)

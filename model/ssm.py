@@ -1,6 +1,6 @@
 """The S4D state-space convolution of BiGS, in torch, with one reference and its fast twins.
 
-Paper §3 / DESIGN §2. One SSM maps a sequence u of shape (B, L, d) to y = K * u + D·u, where
+Paper §3 / docs/DESIGN.md §2. One SSM maps a sequence u of shape (B, L, d) to y = K * u + D·u, where
 ``*`` is a causal convolution along the sequence with ONE kernel K of length L shared by all d
 channels. K comes from N complex diagonal modes (S4D, zero-order hold):
 

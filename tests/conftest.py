@@ -12,7 +12,7 @@ import sys
 
 import pytest
 
-# The shapes of every tiny model in the test suite (DESIGN §5.6).
+# The shapes of every tiny model in the test suite (docs/DESIGN.md §5.6).
 TINY = dict(
     vocab_size=128,
     hidden_size=64,

@@ -1,4 +1,4 @@
-"""Export: exported = reference for every bucket and format, shared weights, manifest and --verify (DESIGN §5.4).
+"""Export: exported = reference for every bucket and format, shared weights, manifest and --verify (docs/DESIGN.md §5.4).
 
 One tiny MLM (2 layers, hidden 64, 1,024 positions) is exported once for the module to buckets
 128, 256, 512 (Toeplitz) and 1024 (chunked), ONNX and StableHLO; a tiny classifier and a

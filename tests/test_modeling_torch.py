@@ -1,5 +1,5 @@
 """The torch BiGS model: padding invariance, published names and checkpoints, save/load, Auto classes,
-pipelines and heads (DESIGN §2, §5.4)."""
+pipelines and heads (docs/DESIGN.md §2, §5.4)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The S4D kernel and every formulation of the SSM convolution, held to the FFT reference (DESIGN §2, §5.3).
+"""The S4D kernel and every formulation of the SSM convolution, held to the FFT reference (docs/DESIGN.md §2, §5.3).
 
 Tolerances are relative: max |twin − reference| / max |reference|.
 """
@@ -43,7 +43,7 @@ def chunked(u: torch.Tensor, modes, chunk: int) -> torch.Tensor:
 
 
 def numpy_kernel(log_step, A_re, A_im, C, length: int) -> np.ndarray:
-    """DESIGN §2 written out in numpy complex128, independently of model/ssm.py."""
+    """docs/DESIGN.md §2.3 written out in numpy complex128, independently of model/ssm.py."""
     log_step, A_re, A_im, C = (np.asarray(t.detach(), dtype=np.float64) for t in (log_step, A_re, A_im, C))
     dt = np.exp(log_step)  # (1,)
     A = np.minimum(A_re, -1e-4) + 1j * A_im  # (N,)

@@ -5,7 +5,7 @@ or hub specs; `build_labelled` makes a classification set. Both write a `data_ca
 says exactly what went in (sources and package versions, documents/words/tokens per split,
 seq_len, seed, tokenizer hash), which the training card then cites.
 
-Held-out hygiene is enforced here, not left to the caller (DATA.md: never let a test document
+Held-out hygiene is enforced here, not left to the caller (docs/DATA.md §7: never let a test document
 into pretraining text used for a reported held-out number):
 - texts are deduplicated across all sources before splitting;
 - a labelled source used as pretraining text keeps its own stratified split, so its validation

