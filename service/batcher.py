@@ -211,6 +211,8 @@ class ModelBatcher:
             outputs = await asyncio.get_running_loop().run_in_executor(
                 lane.executor, self.runtime.run, head, bucket, inputs
             )
+            if len(outputs) != len(jobs):  # checked here: a bad answer must fail its batch, not end the lane
+                raise ValueError(f"the runtime answered {len(outputs)} rows for a batch of {len(jobs)}")
         except Exception as error:  # a failed batch fails its own requests only
             self.metrics.runtime_errors.labels(*labels).inc()
             for job in jobs:

@@ -572,12 +572,6 @@ def test_a_runtime_failure_fails_only_its_batch_and_the_lane_serves_on():
     run(scenario())
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="bug: rows are handed out after the runtime call's try, so a malformed answer (here one row too few) "
-    "raises IndexError in the lane task: the lane ends, its batch's other inputs and every later input on the "
-    "lane are never answered (each waits for its deadline), and stop() re-raises the IndexError",
-)
 def test_a_runtime_answering_too_few_rows_fails_only_its_batch_and_the_lane_serves_on():
     async def scenario():
         runtime = FakeRuntime()
