@@ -139,7 +139,7 @@ def quantize_int8(src: Path, dst: Path) -> None:
 
 
 @dataclass
-class SharedWeights:
+class WeightsFileWriter:
     """Initializers moved out of the graphs into one file, one copy per distinct content."""
 
     path: Path
@@ -235,7 +235,7 @@ def io_spec(model: onnx.ModelProto) -> dict:
     return {"inputs": describe(model.graph.input), "outputs": describe(model.graph.output)}
 
 
-def finish_graph(src: Path, dst: Path, weights: SharedWeights) -> dict:
+def finish_graph(src: Path, dst: Path, weights: WeightsFileWriter) -> dict:
     """Load an exported/optimised graph, move its weights to the shared file, check and save it."""
     model = onnx.load(str(src), load_external_data=True)
     shared = weights.externalize(model)
@@ -249,7 +249,7 @@ def export_onnx(model: torch.nn.Module, buckets: list[int], onnx_dir: Path, quan
     """Export every bucket into `onnx_dir`; returns the manifest's onnx section (files relative to
     the export dir; hashes and parity are added by the caller)."""
     onnx_dir.mkdir(parents=True, exist_ok=True)
-    weights = SharedWeights(onnx_dir / WEIGHTS_FILE)
+    weights = WeightsFileWriter(onnx_dir / WEIGHTS_FILE)
     section = {
         "exporter": f"torch.onnx.export(dynamo=True, opset_version={ONNX_OPSET})",
         "offline_optimization": OFFLINE_OPTIMIZATION_LEVEL,

@@ -25,7 +25,7 @@ from .manifest import Manifest, read_manifest
 
 
 @dataclass
-class SharedWeights:
+class MappedWeights:
     """The weights file, mapped once, and one OrtValue per tensor over it."""
 
     mapping: np.memmap
@@ -39,7 +39,7 @@ def onnx_section(export_dir: str | Path, manifest: Manifest):
     return manifest.onnx
 
 
-def map_weights(export_dir: str | Path, manifest: Manifest | None = None) -> SharedWeights:
+def map_weights(export_dir: str | Path, manifest: Manifest | None = None) -> MappedWeights:
     """Memory-map `onnx/weights.bin` and wrap each tensor of the manifest's table in an OrtValue."""
     export_dir = Path(export_dir)
     section = onnx_section(export_dir, manifest or read_manifest(export_dir))
@@ -51,7 +51,7 @@ def map_weights(export_dir: str | Path, manifest: Manifest | None = None) -> Sha
         array = np.frombuffer(mapping, dtype=dtype, count=t.length // dtype.itemsize, offset=t.offset)
         arrays[name] = array.reshape(t.shape)
         values[name] = ort.OrtValue.ortvalue_from_numpy(arrays[name])
-    return SharedWeights(mapping, values, arrays)
+    return MappedWeights(mapping, values, arrays)
 
 
 def session_options(
@@ -79,7 +79,7 @@ def load_sessions(
     buckets: list[int] | None = None,
     variant: str = "fp32",
     intra_op_threads: int | None = None,
-    shared: SharedWeights | None = None,
+    shared: MappedWeights | None = None,
     providers: list[str] | None = None,
     spin_wait: bool | None = None,
     manifest: Manifest | None = None,
