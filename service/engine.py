@@ -246,7 +246,7 @@ class ModelEngine:
                 raise ServiceError(
                     413,
                     "too_long",
-                    f"input {error.index} has {error.tokens} tokens; this model takes at most {error.limit}. "
+                    f"input {error.index} has {error.counted}; this model takes at most {error.limit}. "
                     "Send shorter text (fill-mask does not truncate).",
                 ) from None
             if limit is None or limit >= self.max_length:
@@ -254,7 +254,7 @@ class ModelEngine:
             raise ServiceError(
                 413,
                 "too_long",
-                f"input {error.index} has {error.tokens} tokens; /v1/classify takes at most {limit} "
+                f"input {error.index} has {error.counted}; /v1/classify takes at most {limit} "
                 "(use /v1/documents/classify for long documents, or set truncate)",
             ) from None
 

@@ -34,14 +34,15 @@ class TooLong(ValueError):
 
     def __init__(self, length: int, limit: int, index: int, hint: str = TRUNCATE_HINT, characters: int | None = None):
         self.length, self.limit, self.index, self.characters = length, limit, index, characters
-        super().__init__(f"input {index} has {self.tokens} tokens; this model takes at most {limit}. {hint}")
+        super().__init__(f"input {index} has {self.counted}; this model takes at most {limit}. {hint}")
 
     @property
-    def tokens(self) -> str:
-        """ "1103", or "more than 1024 (3,998,006 characters)" for a text counted only as far as needed."""
+    def counted(self) -> str:
+        """ "1103 tokens", or "more than 1024 tokens (3,998,006 characters)" for a text counted only as far
+        as needed."""
         if self.characters is None:
-            return str(self.length)
-        return f"more than {self.length} ({self.characters:,} characters)"
+            return f"{self.length} tokens"
+        return f"more than {self.length} tokens ({self.characters:,} characters)"
 
 
 class RequestTokenizer:
