@@ -132,11 +132,11 @@ class RequestTokenizer:
         if not ends:
             return item
         j, end = next(iter(ends.items()))
+        if not truncate:
+            raise TooLong(limit, limit, index, characters=len(parts[j]))
         if documents and 1 in ends:  # truncating a document never cuts the query that follows it
             hint = "Truncation cuts the document only: send a shorter text_pair."
             raise TooLong(limit, limit, index, hint, characters=len(parts[1]))
-        if not truncate:
-            raise TooLong(limit, limit, index, characters=len(parts[j]))
         if len(parts) == 2 and not documents:
             # Cut longest-first, a pair's split depends on which text is the longer: the cut text must stay
             # the longer one, so both cannot be cut, and one is cut only past the other's length.
