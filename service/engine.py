@@ -10,7 +10,13 @@ order a request meets it:
     submit       one job per input onto the (head, bucket) queues of the batcher (service/buckets.py)
     await        the jobs' futures, watching the request's deadline (504) and the client's disconnect
                  (its queued inputs are then dropped before they cost compute)
-    postprocess  logits → scores and candidates, pooled vectors → embeddings (service/postprocess.py)
+    postprocess  logits → scores and candidates, pooled vectors → embeddings (service/postprocess.py);
+                 a large fill-mask answer in a worker thread
+
+The request's deadline (`request_timeout_s`) starts when the engine method is entered, and covers
+the tokenization too. Nothing a request sends is worked on at length on the event loop: CPU work
+that grows with the request runs in worker threads, and fill-mask answers are bounded
+(`max_fill_mask_candidates`).
 
 An engine is built from an export dir's manifest, read once by the service state (service/state.py).
 """
@@ -36,6 +42,10 @@ from .runtimes import Runtime, load_runtime
 from .schemas import ClassifyParameters, EmbedParameters, FillMaskParameters, ModelCard
 from .settings import ServiceSettings
 from .tokenization import Encoded, RequestTokenizer, TooLong
+
+# Postprocessing more than this (masks × 30,522 softmax entries, plus candidates × input tokens for
+# their sequences) runs in a worker thread; smaller answers are quicker done on the loop than handed off.
+POSTPROCESS_INLINE_WORK = 200_000
 
 # Returns when the client has gone away (the route knows how to tell; the engine watches for it).
 ClientGone = Callable[[], Awaitable[None]]
@@ -136,23 +146,35 @@ class ModelEngine:
 
     async def fill_mask(self, texts: list[str], params: FillMaskParameters, client_gone: ClientGone) -> Answer:
         """Per text: the candidates of its one [MASK], or a list of them per [MASK] when it has several."""
+        deadline = self._deadline()
         self._check_count(texts)
         async with self.admission:
-            encoded = await self._encode(texts)
+            target_ids = await self._target_ids(params.targets)
+            encoded = await self._encode(texts, deadline=deadline, fill_mask=True)
             positions = [self._mask_positions(i, enc) for i, enc in enumerate(encoded)]
-            target_ids = self._target_ids(params.targets)
-            jobs = self._submit("fill-mask", encoded, positions)
+            per_mask = params.top_k if target_ids is None else min(params.top_k, len(target_ids))
+            self._check_candidates(positions, per_mask)
+            jobs = self._submit("fill-mask", encoded, deadline, positions)
             outputs = await self._await(jobs, client_gone)
+            work = sum(
+                len(found) * (30_522 + per_mask * enc.length) for enc, found in zip(encoded, positions, strict=True)
+            )
+            content = await self._postprocess(
+                work, self._fill_mask_content, encoded, positions, outputs, params.top_k, target_ids
+            )
+        return Answer(content, jobs)
+
+    def _fill_mask_content(self, encoded, positions, outputs, top_k, target_ids) -> list:
         content = []
         for enc, found, logits in zip(encoded, positions, outputs, strict=True):
             per_mask = [
                 fill_mask_candidates(
-                    logits[m], enc.input_ids, int(pos), self.tokenizer, params.top_k, target_ids, len(found) == 1
+                    logits[m], enc.input_ids, int(pos), self.tokenizer, top_k, target_ids, len(found) == 1
                 )
                 for m, pos in enumerate(found)
             ]
             content.append(per_mask[0] if len(per_mask) == 1 else per_mask)
-        return Answer(content, jobs)
+        return content
 
     async def classify(
         self,
@@ -164,11 +186,12 @@ class ModelEngine:
         """Per text or (text, text_pair): [{"label", "score"}] sorted by score. `documents`: up to the
         model's longest bucket (4,096), truncation cutting the document, never its query; otherwise up
         to `classify_max_length`."""
+        deadline = self._deadline()
         self._check_count(items)
         limit = None if documents else min(self.settings.classify_max_length, self.max_length)
         async with self.admission:
-            encoded = await self._encode(items, params.truncate, documents, limit)
-            jobs = self._submit("classification", encoded)
+            encoded = await self._encode(items, params.truncate, documents, limit, deadline)
+            jobs = self._submit("classification", encoded, deadline)
             outputs = await self._await(jobs, client_gone)
         function = params.function_to_apply or default_function(self.problem_type, len(self.id2label))
         return Answer(
@@ -177,10 +200,11 @@ class ModelEngine:
 
     async def embed(self, texts: list[str], params: EmbedParameters, client_gone: ClientGone) -> Answer:
         """Per text: the mean-pooled embedding, L2-normalised unless asked otherwise."""
+        deadline = self._deadline()
         self._check_count(texts)
         async with self.admission:
-            encoded = await self._encode(texts, params.truncate)
-            jobs = self._submit("embeddings", encoded)
+            encoded = await self._encode(texts, params.truncate, deadline=deadline)
+            jobs = self._submit("embeddings", encoded, deadline)
             outputs = await self._await(jobs, client_gone)
         vectors = np.stack(outputs)
         if params.normalize:
@@ -189,26 +213,48 @@ class ModelEngine:
 
     # -- the stages -------------------------------------------------------------------------
 
+    def _deadline(self) -> float:
+        """The request's deadline, from its arrival at the engine (tokenizing counts against it)."""
+        return time.perf_counter() + self.settings.request_timeout_s
+
     def _check_count(self, items: list) -> None:
         limit = self.settings.max_inputs_per_request
         if len(items) > limit:
             raise ServiceError(422, "validation", f"{len(items)} inputs in one request; at most {limit}")
 
     async def _encode(
-        self, items: list, truncate: bool = False, documents: bool = False, limit: int | None = None
+        self,
+        items: list,
+        truncate: bool = False,
+        documents: bool = False,
+        limit: int | None = None,
+        deadline: float | None = None,
+        fill_mask: bool = False,
     ) -> list[Encoded]:
-        """Tokenize in a worker thread. `limit` (below the model's max length): the most tokens this
-        endpoint takes; `truncate` cuts there, else too long is 413."""
+        """Tokenize in a worker thread, until the deadline (504). `limit` (below the model's max length):
+        the most tokens this endpoint takes; `truncate` cuts there, else too long is 413, with advice
+        naming only what the route accepts (fill-mask has no `truncate`)."""
+        remaining = None if deadline is None else max(0.0, deadline - time.perf_counter())
         try:
             with self.batcher.expecting():  # queued right after, with no await in between
-                return await asyncio.to_thread(self.tokenizer.encode, items, truncate, documents, limit)
+                work = asyncio.to_thread(self.tokenizer.encode, items, truncate, documents, limit)
+                return await asyncio.wait_for(work, remaining)
+        except TimeoutError:
+            raise ServiceError(504, "timeout", "the request deadline passed while its inputs were tokenized") from None
         except TooLong as error:
+            if fill_mask:
+                raise ServiceError(
+                    413,
+                    "too_long",
+                    f"input {error.index} has {error.counted}; this model takes at most {error.limit}. "
+                    "Send shorter text (fill-mask does not truncate).",
+                ) from None
             if limit is None or limit >= self.max_length:
                 raise ServiceError(413, "too_long", str(error)) from None
             raise ServiceError(
                 413,
                 "too_long",
-                f"input {error.index} has {error.length} tokens; /v1/classify takes at most {limit} "
+                f"input {error.index} has {error.counted}; /v1/classify takes at most {limit} "
                 "(use /v1/documents/classify for long documents, or set truncate)",
             ) from None
 
@@ -221,21 +267,45 @@ class ModelEngine:
             raise ServiceError(422, "validation", f"input {index} has {len(found)} [MASK] tokens; at most {limit}")
         return found
 
-    def _target_ids(self, targets: list[str] | str | None) -> list[int] | None:
+    def _check_candidates(self, positions: list[np.ndarray], per_mask: int) -> None:
+        """Fill-mask answers are bounded: inputs × [MASK]s × top_k candidates, each with its sequence."""
+        limit = self.settings.max_fill_mask_candidates
+        masks = sum(len(found) for found in positions)
+        if masks * per_mask > limit:
+            raise ServiceError(
+                422,
+                "validation",
+                f"this request asks for {masks * per_mask:,} fill-mask candidates ({len(positions)} inputs with "
+                f"{masks} [MASK] tokens in all, {per_mask} candidates each); at most {limit:,}: send fewer inputs "
+                "or [MASK] tokens, or a smaller top_k",
+            )
+
+    async def _target_ids(self, targets: list[str] | str | None) -> list[int] | None:
+        """The targets' vocabulary ids (in a worker thread when there are many: unknown words are tokenized)."""
         if targets is None:
             return None
         words = [targets] if isinstance(targets, str) else targets
         if not words:
             raise ServiceError(422, "validation", "targets is an empty list")
         try:
-            return self.tokenizer.token_ids(words)
+            if len(words) <= 16:
+                return self.tokenizer.token_ids(words)
+            return await asyncio.to_thread(self.tokenizer.token_ids, words)
         except ValueError as error:
             raise ServiceError(422, "validation", str(error)) from None
 
-    def _submit(self, head: str, encoded: list[Encoded], mask_positions: list[np.ndarray] | None = None) -> list[Job]:
-        """One job per input, each to its bucket's queue; the request's deadline starts now."""
+    @staticmethod
+    async def _postprocess(work: int, function, *args):
+        """`function(*args)`, on the loop when small, else in a worker thread (not to stall other requests)."""
+        if work <= POSTPROCESS_INLINE_WORK:
+            return function(*args)
+        return await asyncio.to_thread(function, *args)
+
+    def _submit(
+        self, head: str, encoded: list[Encoded], deadline: float, mask_positions: list[np.ndarray] | None = None
+    ) -> list[Job]:
+        """One job per input, each to its bucket's queue, with the request's deadline."""
         loop = asyncio.get_running_loop()
-        deadline = time.perf_counter() + self.settings.request_timeout_s
         jobs = []
         for i, enc in enumerate(encoded):
             job = Job(

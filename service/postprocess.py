@@ -59,27 +59,24 @@ def fill_mask_candidates(
 ) -> list[dict]:
     """Candidates for one [MASK]: probabilities over the whole vocabulary, then the top_k (of the
     targets, when given); `sequence` is the input with this mask filled, special tokens dropped,
-    except with several masks, where (as transformers does) they are kept so the other [MASK]s show."""
+    except with several masks, where (as transformers does) they are kept so the other [MASK]s show.
+    The text around the mask is decoded once, not once per candidate (RequestTokenizer.filled_sequences)."""
     probs = softmax(logits.astype(np.float64))
     if target_ids is not None:
         candidates = np.asarray(target_ids)
         order = candidates[np.argsort(-probs[candidates], kind="stable")][:top_k]
     else:
         order = top_k_indices(probs, top_k)
-    results = []
-    for token_id in order:
-        filled = input_ids.copy()
-        filled[mask_position] = token_id
-        filled = filled[filled != tokenizer.pad_token_id]
-        results.append(
-            {
-                "sequence": tokenizer.decode(filled, skip_special_tokens=single_mask),
-                "score": float(probs[token_id]),
-                "token": int(token_id),
-                "token_str": tokenizer.decode([token_id], skip_special_tokens=False),
-            }
-        )
-    return results
+    sequence = tokenizer.filled_sequences(input_ids, mask_position, skip_special_tokens=single_mask)
+    return [
+        {
+            "sequence": sequence(int(token_id)),
+            "score": float(probs[token_id]),
+            "token": int(token_id),
+            "token_str": tokenizer.decode([token_id], skip_special_tokens=False),
+        }
+        for token_id in order
+    ]
 
 
 def l2_normalize(vectors: np.ndarray) -> np.ndarray:

@@ -69,9 +69,23 @@ def respond(answer: Answer, many: bool, started: float) -> JSONResponse:
 # -- endpoints ------------------------------------------------------------------------------
 
 
+FILL_MASK_DESCRIPTION = """Per input: the `top_k` candidates of its one [MASK], or a list of them per [MASK].
+
+Limits (422 past them): at most `max_inputs_per_request` inputs (default 64), `max_masks_per_input`
+[MASK] tokens per input (default 32), and `max_fill_mask_candidates` candidates in all (default 2,048):
+inputs × [MASK] tokens × `top_k` (or the number of `targets`, when smaller). Each candidate carries its
+whole filled-in `sequence`: ask for fewer inputs, [MASK] tokens or candidates. Inputs are never cut:
+one longer than the model's maximum is 413 (fill-mask takes no `truncate`).
+
+`targets`: at most 1,000 words. As in transformers' fill-mask pipeline, a target that is not one token
+of the vocabulary is scored as its first word piece (e.g. "teapot" as "tea"), and a token given twice
+is scored once."""
+
+
 @api.post(
     "/fill-mask",
     summary="Fill [MASK] tokens (Hugging Face fill-mask format)",
+    description=FILL_MASK_DESCRIPTION,
     # per input: candidates of its one [MASK], or a list of them per [MASK]; a list of inputs, a list of those
     responses={200: {"model": FillMaskAnswer | list[FillMaskAnswer]}},
 )

@@ -4,13 +4,24 @@ Requests are `{"inputs": …, "parameters": {…}, "model": optional name}` as i
 Inference API. Fill-mask answers `[{"sequence","score","token","token_str"}]`, classification
 answers `[{"label","score"}]` sorted by score, as `transformers.pipeline` does. Truncation follows
 TEI: `truncate` (default false) cuts inputs longer than the model instead of answering 413.
+
+Inputs are strict: numbers must be JSON numbers (`top_k` an integer: not "5", 5.0 or true), switches
+JSON booleans (`truncate`: not "yes" or 1). Lists are bounded here, so that pydantic stops at their
+length instead of validating (and building an error for) each of a million items.
 """
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, field_validator
+
+# The most items a list of inputs may have before validation stops: a ceiling far above
+# `max_inputs_per_request` (default 64, the limit that applies, answered by the engine), so raising
+# that setting needs no change here, while a list of a million items fails at once on its length.
+MAX_LIST_INPUTS = 1024
+MAX_TARGETS = 1000
+TextList = Annotated[list[str], Field(max_length=MAX_LIST_INPUTS)]
 
 
 class _Body(BaseModel):
@@ -43,8 +54,12 @@ class TextPair(_Body):
 
 
 class FillMaskParameters(_Body):
-    top_k: int = Field(5, ge=1, le=100, description="candidates per [MASK]")
-    targets: list[str] | str | None = Field(None, description="score only these candidate words")
+    top_k: StrictInt = Field(5, ge=1, le=100, description="candidates per [MASK]")
+    targets: Annotated[list[str], Field(max_length=MAX_TARGETS)] | str | None = Field(
+        None,
+        description=f"score only these candidate words (at most {MAX_TARGETS}); a word that is not one token "
+        "of the vocabulary is scored as its first word piece, as transformers' fill-mask pipeline does",
+    )
 
     @field_validator("targets")
     @classmethod
@@ -55,7 +70,7 @@ class FillMaskParameters(_Body):
 
 
 class FillMaskRequest(_Body):
-    inputs: str | list[str] = Field(..., description="text with one or more [MASK] tokens, or a list of texts")
+    inputs: str | TextList = Field(..., description="text with one or more [MASK] tokens, or a list of texts")
     parameters: FillMaskParameters = Field(default_factory=FillMaskParameters)
     model: str | None = None
 
@@ -70,18 +85,19 @@ class FillMaskRequest(_Body):
 
 
 class ClassifyParameters(_Body):
-    top_k: int | None = Field(None, ge=1, description="labels to return; default all, sorted by score")
+    top_k: StrictInt | None = Field(None, ge=1, description="labels to return; default all, sorted by score")
     function_to_apply: Literal["softmax", "sigmoid", "none"] | None = Field(
         None, description="default: sigmoid for multi-label or single-output models, else softmax"
     )
-    truncate: bool = Field(False, description="cut inputs longer than the model instead of answering 413")
+    truncate: StrictBool = Field(False, description="cut inputs longer than the model instead of answering 413")
 
 
 ClassifyInput = str | TextPair
+ClassifyInputList = Annotated[list[ClassifyInput], Field(max_length=MAX_LIST_INPUTS)]
 
 
 class ClassifyRequest(_Body):
-    inputs: ClassifyInput | list[ClassifyInput]
+    inputs: ClassifyInput | ClassifyInputList
     parameters: ClassifyParameters = Field(default_factory=ClassifyParameters)
     model: str | None = None
 
@@ -102,12 +118,12 @@ class DocumentClassifyRequest(ClassifyRequest):
 
 
 class EmbedParameters(_Body):
-    normalize: bool = Field(True, description="L2-normalise each embedding")
-    truncate: bool = False
+    normalize: StrictBool = Field(True, description="L2-normalise each embedding")
+    truncate: StrictBool = Field(False, description="cut inputs longer than the model instead of answering 413")
 
 
 class EmbedRequest(_Body):
-    inputs: str | list[str]
+    inputs: str | TextList
     parameters: EmbedParameters = Field(default_factory=EmbedParameters)
     model: str | None = None
 

@@ -52,6 +52,13 @@ class ServiceSettings(BaseSettings):
     warmup: bool = True
     verify_hashes: bool = True
 
+    # Robustness: bounds on what one request may make the service do.
+    max_fill_mask_candidates: int = Field(
+        2048,
+        description="fill-mask candidates one request may ask for: inputs × [MASK] tokens × top_k (each carries "
+        "its whole filled-in sequence); past that, 422",
+    )
+
     @field_validator("models", "cors_origins", mode="before")
     @classmethod
     def split_words(cls, value):

@@ -7,11 +7,12 @@ input keeps its own length, and the batcher pads it to its bucket.
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-from tokenizers import Tokenizer
+from tokenizers import Tokenizer, decoders
 
 
 @dataclass
@@ -24,10 +25,24 @@ class Encoded:
         return int(self.input_ids.shape[0])
 
 
+TRUNCATE_HINT = 'Send shorter text or set "truncate": true.'
+
+
 class TooLong(ValueError):
-    def __init__(self, length: int, limit: int, index: int, hint: str = 'Send shorter text or set "truncate": true.'):
-        super().__init__(f"input {index} has {length} tokens; this model takes at most {limit}. {hint}")
-        self.length, self.limit, self.index = length, limit, index
+    """Input `index` has `length` tokens, over `limit`; or, when `characters` is given, a text of that
+    many characters that has more than `length` tokens (refused before it was tokenized whole)."""
+
+    def __init__(self, length: int, limit: int, index: int, hint: str = TRUNCATE_HINT, characters: int | None = None):
+        self.length, self.limit, self.index, self.characters = length, limit, index, characters
+        super().__init__(f"input {index} has {self.counted}; this model takes at most {limit}. {hint}")
+
+    @property
+    def counted(self) -> str:
+        """ "1103 tokens", or "more than 1024 tokens (3,998,006 characters)" for a text counted only as far
+        as needed."""
+        if self.characters is None:
+            return f"{self.length} tokens"
+        return f"more than {self.length} tokens ({self.characters:,} characters)"
 
 
 class RequestTokenizer:
@@ -44,6 +59,15 @@ class RequestTokenizer:
         self.truncate_documents = self.truncating("only_first", max_length)
         self.mask_token_id = self.plain.token_to_id("[MASK]")
         self.pad_token_id = self.plain.token_to_id("[PAD]") or 0
+        self.special_ids = {i for i, token in self.plain.get_added_tokens_decoder().items() if token.special}
+        # The longest word WordPiece splits (longer ones are one [UNK]): what a cut through a word can change.
+        self.max_word_chars = getattr(self.plain.model, "max_input_chars_per_word", None) or 100
+        # A WordPiece decoder decodes token by token (a token's text depends only on itself and on whether
+        # it comes first), so a filled-in [MASK]'s sequence can be spliced instead of decoded whole.
+        self._anchor = self.plain.token_to_id("a")
+        self._splices = isinstance(self.plain.decoder, decoders.WordPiece) and self._anchor is not None
+        self._anchor_text = self.decode([self._anchor]) if self._splices else ""
+        self._pieces: dict[tuple[int, bool], str] = {}
 
     @staticmethod
     def _load(path) -> Tokenizer:
@@ -72,6 +96,7 @@ class RequestTokenizer:
         """Encode texts or (text, text_pair) pairs up to `max_length` tokens (default: the model's);
         raises TooLong (→ 413) unless `truncate`."""
         limit = min(max_length or self.max_length, self.max_length)
+        inputs = [self._bounded(index, item, limit, truncate, documents) for index, item in enumerate(inputs)]
         tokenizer = self.plain
         if truncate:
             tokenizer = self.truncating("only_first" if documents else "longest_first", limit)
@@ -88,6 +113,63 @@ class RequestTokenizer:
             encoded.append(Encoded(np.asarray(enc.ids, np.int64), np.asarray(enc.type_ids, np.int64)))
         return encoded
 
+    # -- texts far over the limit: refused (or cut) without tokenizing them whole -----------------
+
+    def scan_chars(self, limit: int) -> int:
+        """Characters per step of `proves_too_long`; texts up to twice this are simply tokenized."""
+        return max(8 * limit, 4096)
+
+    def _bounded(self, index: int, item, limit: int, truncate: bool, documents: bool):
+        """The item, unless a text of it is far over `limit` tokens: then TooLong, or with `truncate`
+        the text cut to a prefix that gives exactly the same truncated tokens. (Tokenizing 2M tokens
+        whole to learn that they are too many took 10 s and 1.1 GB.)"""
+        parts = list(item) if isinstance(item, tuple) else [item]
+        ends = {
+            j: end
+            for j, part in enumerate(parts)
+            if len(part) > 2 * self.scan_chars(limit) and (end := self.proves_too_long(part, limit)) is not None
+        }
+        if not ends:
+            return item
+        j, end = next(iter(ends.items()))
+        if not truncate:
+            raise TooLong(limit, limit, index, characters=len(parts[j]))
+        if documents and 1 in ends:  # truncating a document never cuts the query that follows it
+            hint = "Truncation cuts the document only: send a shorter text_pair."
+            raise TooLong(limit, limit, index, hint, characters=len(parts[1]))
+        if len(parts) == 2 and not documents:
+            # Cut longest-first, a pair's split depends on which text is the longer: the cut text must stay
+            # the longer one, so both cannot be cut, and one is cut only past the other's length.
+            if len(ends) == 2:
+                hint = "Both text and text_pair are far over it: send shorter texts."
+                raise TooLong(limit, limit, index, hint, characters=max(map(len, parts)))
+            other = len(self.plain.encode(parts[1 - j], add_special_tokens=False).ids)
+            end = self.proves_too_long(parts[j], max(limit, other)) if other >= limit else end
+            if end is None:
+                return item
+        parts[j] = parts[j][:end]
+        return tuple(parts) if isinstance(item, tuple) else parts[0]
+
+    def proves_too_long(self, text: str, limit: int) -> int | None:
+        """The end of a prefix of `text` that already has more than `limit` tokens (so the text has too),
+        or None when no prefix shows it. Tokenized one step of characters at a time, counting at most
+        the tokens of a few steps.
+
+        Exact: a cut at a step's end splits at most one word (or [MASK]); its two pieces can give at most
+        2 × max_word_chars tokens that the whole word would not (≤ max_word_chars characters each, a
+        token per character at most after lower-casing, or one [UNK] when longer). Everything else is
+        tokenized as in the whole text, since normalizing and pre-tokenizing are per character and per
+        word. So the tokens of whole words inside the first k steps are at least the tokens counted
+        minus 4 × max_word_chars per step; more than `limit` of them proves the text too long, and the
+        first `limit` tokens of the text are the first `limit` tokens of that prefix."""
+        step = self.scan_chars(limit)
+        counted = 0
+        for k, start in enumerate(range(0, len(text), step), 1):
+            counted += len(self.plain.encode(text[start : start + step], add_special_tokens=False).ids)
+            if counted - 4 * self.max_word_chars * k > limit:
+                return start + step
+        return None
+
     def _raise_untruncatable(self, tokenizer: Tokenizer, inputs: list, limit: int) -> None:
         for index, item in enumerate(inputs):
             try:
@@ -102,7 +184,7 @@ class RequestTokenizer:
     def token_ids(self, words: list[str]) -> list[int]:
         """The vocabulary id of each target word, as transformers does: the word itself when it is
         in the vocabulary (e.g. "##s"), else its first word piece; each id once."""
-        ids = []
+        ids: dict[int, None] = {}  # ordered, each once (a list scan was quadratic: 100,000 targets, 10 s)
         for word in words:
             token_id = self.plain.token_to_id(word)
             if token_id is None:
@@ -110,9 +192,63 @@ class RequestTokenizer:
                 if not pieces:
                     raise ValueError(f"target {word!r} has no tokens")
                 token_id = pieces[0]
-            if token_id not in ids:
-                ids.append(token_id)
-        return ids
+            ids[token_id] = None
+        return list(ids)
 
     def decode(self, ids, skip_special_tokens: bool = True) -> str:
         return self.plain.decode(list(map(int, ids)), skip_special_tokens=skip_special_tokens)
+
+    # -- fill-mask sequences ---------------------------------------------------------------------
+
+    def filled_sequences(self, input_ids: np.ndarray, position: int, skip_special_tokens: bool) -> Callable[[int], str]:
+        """`sequence(token_id)`: exactly `decode(input_ids with token_id at position, [PAD]s dropped)`.
+
+        With a WordPiece decoder, the text of each token depends only on the token and on whether it
+        is the first one kept (no space before it; "##" pieces lose their prefix, others get a space;
+        the clean-up of " ." and the like is per token), so the text before the [MASK] and the text
+        after it are decoded once, and each candidate's own text is spliced between them: O(candidates)
+        instead of decoding the whole input once per candidate (4,090 tokens × 32 masks × 100 candidates
+        × 16 inputs was 120 s on the event loop). tests/test_service_postprocess.py holds this equal to
+        the whole decode on random inputs."""
+        ids = np.asarray(input_ids)
+        pad, skip = self.pad_token_id, skip_special_tokens
+        if not self._splices:  # another decoder: decode whole
+
+            def whole(token_id: int) -> str:
+                filled = ids.copy()
+                filled[position] = token_id
+                return self.decode(filled[filled != pad], skip)
+
+            return whole
+        before, after = ids[:position], ids[position + 1 :]
+        before, after = before[before != pad], after[after != pad]
+        left = self.decode(before, skip)
+        first = not any(self._kept(int(token_id), skip) for token_id in before)
+        right = self.decode([self._anchor, *after.tolist()], skip)[len(self._anchor_text) :]  # after a kept token
+        right_alone = self.decode(after, skip) if first else right  # when nothing before it is kept
+
+        def sequence(token_id: int) -> str:
+            token_id = int(token_id)
+            if token_id == pad or not self._kept(token_id, skip):
+                return left + right_alone
+            return left + self._piece(token_id, first) + right
+
+        return sequence
+
+    def _kept(self, token_id: int, skip_special_tokens: bool) -> bool:
+        """Whether decoding keeps this token (an id the tokenizer knows, and not a special one being skipped)."""
+        if skip_special_tokens and token_id in self.special_ids:
+            return False
+        return self.plain.id_to_token(token_id) is not None
+
+    def _piece(self, token_id: int, first: bool) -> str:
+        """One kept token's text: as the first token, or after another (through the anchor token "a")."""
+        key = (token_id, first)
+        piece = self._pieces.get(key)
+        if piece is None:
+            if first:
+                piece = self.decode([token_id], skip_special_tokens=False)
+            else:
+                piece = self.decode([self._anchor, token_id], skip_special_tokens=False)[len(self._anchor_text) :]
+            self._pieces[key] = piece
+        return piece

@@ -301,6 +301,16 @@ ERROR_CASES = {  # id: (method, path, httpx kwargs, status, error_type)
     "form": ("POST", "/v1/fill-mask", {"data": {"inputs": "[MASK]"}}, 415, "unsupported_media_type"),
     "not-found": ("GET", "/v1/nothing", {}, 404, "not_found"),
     "wrong-method": ("GET", "/v1/classify", {}, 405, "method_not_allowed"),
+    # strict inputs: numbers are numbers, switches are booleans
+    "top_k-numeric-string": ("POST", "/v1/fill-mask", {"json": {"inputs": "[MASK]", "parameters": {"top_k": "5"}}}, 422, "validation"),
+    "top_k-integral-float": ("POST", "/v1/fill-mask", {"json": {"inputs": "[MASK]", "parameters": {"top_k": 5.0}}}, 422, "validation"),
+    "top_k-bool": ("POST", "/v1/fill-mask", {"json": {"inputs": "[MASK]", "parameters": {"top_k": True}}}, 422, "validation"),
+    "classify-top_k-numeric-string": ("POST", "/v1/classify", {"json": {"inputs": "x", "parameters": {"top_k": "2"}}}, 422, "validation"),
+    "truncate-string": ("POST", "/v1/classify", {"json": {"inputs": "x", "parameters": {"truncate": "yes"}}}, 422, "validation"),
+    "truncate-int": ("POST", "/v1/embed", {"json": {"inputs": "x", "parameters": {"truncate": 1}}}, 422, "validation"),
+    "normalize-string": ("POST", "/v1/embed", {"json": {"inputs": "x", "parameters": {"normalize": "false"}}}, 422, "validation"),
+    "too-many-targets": ("POST", "/v1/fill-mask", {"json": {"inputs": "[MASK]", "parameters": {"targets": ["a"] * 1001}}}, 422, "validation"),
+    "too-many-candidates": ("POST", "/v1/fill-mask", {"json": {"inputs": ["[MASK] [MASK]"] * 11, "parameters": {"top_k": 100}}}, 422, "validation"),
 }  # fmt: skip
 
 
@@ -381,6 +391,172 @@ def test_fuzz_never_5xx(client):
         if name == "bigs_requests_total" and dict(labels)["status"].startswith("5") and dict(labels)["status"] != "503"
     }
     assert not failures  # nothing the main server has been sent so far in this session made it fail
+
+
+# -- robustness: nothing a user sends stalls the event loop or balloons memory -----------------
+
+
+class HealthWatch:
+    """Polls /health every 20 ms in a thread while a request runs: the slowest answer is how long the
+    event loop was held."""
+
+    def __init__(self, url: str):
+        self.url, self.worst, self.polls = url, 0.0, 0
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._poll)
+
+    def _poll(self):
+        with httpx.Client(base_url=self.url, timeout=300) as c:
+            while not self._done.is_set():
+                t = time.perf_counter()
+                assert c.get("/health").status_code == 200
+                self.worst, self.polls = max(self.worst, time.perf_counter() - t), self.polls + 1
+                time.sleep(0.02)
+
+    def __enter__(self):
+        self._thread.start()
+        time.sleep(0.05)
+        return self
+
+    def __exit__(self, *_):
+        self._done.set()
+        self._thread.join()
+
+
+def timed_post(server, path: str, body) -> tuple[httpx.Response, float, float]:
+    """(response, seconds, slowest /health meanwhile)."""
+    content = body if isinstance(body, bytes) else json.dumps(body).encode()
+    with HealthWatch(server.url) as watch, httpx.Client(base_url=server.url, timeout=300) as c:
+        t = time.perf_counter()
+        response = c.post(path, content=content, headers=J)
+        elapsed = time.perf_counter() - t
+    return response, elapsed, watch.worst
+
+
+def peak_rss_mb(server) -> float:
+    """The server process's peak resident memory so far (VmHWM), in MB."""
+    status = Path(f"/proc/{server.proc.pid}/status").read_text()
+    return int(status.split("VmHWM:")[1].split()[0]) / 1024
+
+
+def evenly_masked(n_tokens: int, masks: int) -> str:
+    """ "a a … a" of n_tokens tokens (with [CLS], [SEP]), `masks` of them [MASK], evenly spaced."""
+    words = ["a"] * (n_tokens - 2)
+    for i in range(masks):
+        words[i * (len(words) // masks)] = "[MASK]"
+    return " ".join(words)
+
+
+@pytest.mark.slow
+def test_fill_mask_candidates_over_the_bound_refused_at_once(server):
+    """F1: 16 inputs × 32 [MASK]s × top_k 100 of the longest inputs (4,090 tokens in production, 1,020
+    here) used to answer 432 MB after holding every route for 120 s (here: 117 MB, 75 s, /health held
+    73 s); now 51,200 candidates > max_fill_mask_candidates (2,048) is a 422 naming what to reduce."""
+    body = {"inputs": [evenly_masked(1020, 32)] * 16, "parameters": {"top_k": 100}}
+    response, elapsed, health = timed_post(server, "/v1/fill-mask", body)
+    error = assert_error(response, 422, "validation")["error"]
+    assert "51,200 fill-mask candidates" in error and "at most 2,048" in error and "top_k" in error
+    assert elapsed < 5 and health < 1, (elapsed, health)
+
+
+@pytest.mark.slow
+def test_fill_mask_answer_at_the_bound_is_quick_and_does_not_hold_the_loop(server, pipelines):
+    """F1: the largest answer allowed (2 inputs of 1,020 tokens × 32 [MASK]s × top_k 32 = 2,048
+    candidates, each with its 2,000-character sequence) is spliced, not decoded whole per candidate,
+    and built in a worker thread: /health answers meanwhile. The answer is still transformers'."""
+    text = evenly_masked(1020, 32)
+    response, elapsed, health = timed_post(server, "/v1/fill-mask", {"inputs": [text] * 2, "parameters": {"top_k": 32}})
+    assert response.status_code == 200, response.text[:300]
+    answer = response.json()
+    assert len(answer) == 2 and answer[0] == answer[1]
+    assert_same(answer[0], pipelines["fill"](text, top_k=32), tol=1e-4)
+    assert len(response.content) < 10_000_000
+    assert elapsed < 30 and health < 1, (elapsed, health)
+
+
+@pytest.mark.slow
+def test_many_targets_refused_or_resolved_without_holding_the_loop(server):
+    """F7: 100,000 targets were de-duplicated by a list scan on the event loop (10–16 s; here 1.6 s with
+    /health held 1.4 s): now more than 1,000 is a 422 at once, and 1,000 unknown words are resolved in a
+    worker thread with a dict (numbers: one token or several)."""
+    many = {"inputs": "a [MASK]", "parameters": {"targets": [f"w{i}" for i in range(100_000)]}}
+    response, elapsed, health = timed_post(server, "/v1/fill-mask", many)
+    assert_error(response, 422, "validation")
+    assert elapsed < 2 and health < 0.5, (elapsed, health)
+    most = {"inputs": "a [MASK]", "parameters": {"targets": [str(i) for i in range(1000)], "top_k": 100}}
+    response, elapsed, health = timed_post(server, "/v1/fill-mask", most)
+    assert response.status_code == 200 and len(response.json()) == 100, response.text[:300]
+    assert elapsed < 5 and health < 0.5, (elapsed, health)
+
+
+@pytest.mark.slow
+def test_text_far_too_long_is_refused_without_tokenizing_it_whole(server, client):
+    """F3: "a " × 1,999,000 + "[MASK]" (4 MB, 2M tokens) was tokenized whole before its length was
+    checked: 413 after 14.6 s and +1.1 GB. Now a prefix shows it is too long: 413 at once, memory flat;
+    and with truncate, the same answer as a text just over the limit, as quickly."""
+    rss_before = peak_rss_mb(server)
+    response, elapsed, health = timed_post(server, "/v1/fill-mask", {"inputs": "a " * 1_999_000 + "[MASK]"})
+    error = assert_error(response, 413, "too_long")["error"]
+    assert error.startswith("input 0 has more than 1024 tokens (3,998,006 characters)"), error
+    assert "truncate" not in error.replace("does not truncate", "")  # fill-mask takes no truncate
+    assert elapsed < 3 and health < 1, (elapsed, health)
+    huge = {"inputs": "a " * 1_999_000, "parameters": {"truncate": True}}
+    response, elapsed, health = timed_post(server, "/v1/documents/classify", huge)
+    assert response.status_code == 200, response.text[:300]
+    want = client.post("/v1/documents/classify", json={"inputs": "a " * 1100, "parameters": {"truncate": True}})
+    assert response.json() == want.json()
+    assert elapsed < 5 and health < 1, (elapsed, health)
+    assert peak_rss_mb(server) - rss_before < 200, (rss_before, peak_rss_mb(server))
+
+
+def test_too_long_advice_names_only_what_the_route_accepts(client):
+    """F16: fill-mask's 413 used to advise `truncate`, which fill-mask does not accept; inputs just over
+    the limit keep their exact count."""
+    response = client.post("/v1/fill-mask", json={"inputs": LONG_1100 + " [MASK]"})
+    error = assert_error(response, 413, "too_long")["error"]
+    assert (
+        error
+        == "input 0 has 1101 tokens; this model takes at most 1024. Send shorter text (fill-mask does not truncate)."
+    )
+    for path in ("/v1/documents/classify", "/v1/embed"):  # these take truncate, and say so
+        error = assert_error(client.post(path, json={"inputs": LONG_1100}), 413, "too_long")["error"]
+        assert (
+            error.startswith("input 0 has 1100 tokens; this model takes at most 1024.") and '"truncate": true' in error
+        )
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("path", ["/v1/classify", "/v1/fill-mask", "/v1/embed"])
+def test_million_item_list_refused_within_a_second(server, path):
+    """F2: {"inputs": [0, 0, … a million]} (2 MB) made pydantic validate every item and build a million
+    errors on the event loop: 422 after 49 s, /health held 49 s, +3.3 GB. The lists' length is bounded in
+    the schemas, so validation stops at the length."""
+    body = b'{"inputs": [' + b",".join([b"0"] * 1_000_000) + b"]}"
+    rss_before = peak_rss_mb(server)
+    response, elapsed, health = timed_post(server, path, body)
+    error = assert_error(response, 422, "validation")["error"]
+    assert "at most 1024 items" in error, error
+    assert elapsed < 1 and health < 0.5, (elapsed, health)
+    assert peak_rss_mb(server) - rss_before < 300
+    targets = {"inputs": "[MASK]", "parameters": {"targets": [0] * 1_000_000}}
+    if path == "/v1/fill-mask":
+        response, elapsed, health = timed_post(server, path, targets)
+        assert_error(response, 422, "validation")
+        assert elapsed < 1 and health < 0.5, (elapsed, health)
+
+
+@pytest.mark.slow
+def test_deadline_counts_from_arrival(start_server):
+    """F6: the deadline used to start after tokenization, so a request whose inputs took seconds to
+    tokenize got its full timeout on top (here: 413 after 0.8 s with a 0.1 s deadline). Now it is 504 by
+    the deadline, and /health answers meanwhile."""
+    s = start_server(("cls",), BIGS_REQUEST_TIMEOUT_S="0.1", BIGS_WARMUP="false")
+    body = {"inputs": ["a " * 8000] * 64, "model": "cls"}  # 512K tokens to tokenize: seconds
+    response, elapsed, health = timed_post(s, "/v1/embed", body)
+    assert_error(response, 504, "timeout")
+    assert elapsed < 0.6 and health < 0.5, (elapsed, health)
+    with httpx.Client(base_url=s.url, timeout=60) as c:
+        assert c.get("/ready").status_code == 200
 
 
 # -- limits and keys: a server of its own -----------------------------------------------------

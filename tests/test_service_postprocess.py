@@ -1,4 +1,6 @@
-"""Postprocessing invariants: the partial top-k equals a full stable sort, ties included."""
+"""Postprocessing invariants: the partial top-k equals a full stable sort, ties included; the
+tokenizer's shortcuts (fill-mask sequences spliced, far-too-long texts counted from a prefix) equal
+the whole computation."""
 
 import numpy as np
 import pytest
@@ -16,3 +18,99 @@ def test_top_k_equals_full_stable_sort(k):
     ):
         expected = np.argsort(-scores, kind="stable")[:k]
         np.testing.assert_array_equal(top_k_indices(scores, k), expected)
+
+
+# -- the tokenizer's shortcuts equal the plain, whole computation ----------------------------
+
+
+@pytest.fixture(scope="module")
+def request_tokenizer(tmp_path_factory):
+    pytest.importorskip("transformers")
+    from model.tokenizer import save_tokenizer
+    from service.tokenization import RequestTokenizer
+
+    out = tmp_path_factory.mktemp("tokenizer")
+    save_tokenizer(out, model_max_length=1024)
+    return RequestTokenizer(out / "tokenizer.json", 1024)
+
+
+# Tokens whose decoding is easy to get wrong: specials, "##" pieces, what WordPiece's clean-up joins
+# (" .", " ,", " n't", " 's", "do not"), quotes, words.
+TRICKY = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", ".", ",", "!", "?", "'", "n", "##n", "t", "##t", "do", "not",
+          "s", "##s", "m", "ve", "re", "a", "the", "##ing", "-", "\"", "(", ")", "$", "1", "##1"]  # fmt: skip
+
+
+def random_ids(rng: np.random.Generator, tok, n: int) -> np.ndarray:
+    tricky = [tok.plain.token_to_id(t) for t in TRICKY]
+    ids = [int(rng.choice(tricky)) if rng.random() < 0.5 else int(rng.integers(0, 30522)) for _ in range(n)]
+    return np.asarray(ids, np.int64)
+
+
+@pytest.mark.slow  # (the tokenizer fixture imports transformers)
+def test_fill_mask_sequences_splice_equals_whole_decode(request_tokenizer):
+    """Each candidate's `sequence` spliced from the text around its [MASK] equals decoding the whole
+    filled-in input (the pre-fix way) for random inputs, positions, candidates and both decode modes."""
+    tok = request_tokenizer
+    assert tok._splices  # the WordPiece decoder: the fast path is the one under test
+    rng = np.random.default_rng(0)
+    checked = 0
+    for trial in range(400):
+        ids = random_ids(rng, tok, int(rng.integers(1, 12)))
+        position = int(rng.integers(0, len(ids)))
+        skip = bool(trial % 2)
+        sequence = tok.filled_sequences(ids, position, skip)
+        for candidate in list(random_ids(rng, tok, 8)) + [0, 101, 103, 30521]:
+            filled = ids.copy()
+            filled[position] = candidate
+            want = tok.decode(filled[filled != tok.pad_token_id], skip_special_tokens=skip)
+            assert sequence(int(candidate)) == want, (ids.tolist(), position, int(candidate), skip)
+            checked += 1
+    assert checked == 400 * 12
+
+
+def random_text(rng: np.random.Generator, n_words: int) -> str:
+    words = ["a", "the", "cat", "[MASK]", ".", ",", "Ünïcödé", "中文字", "x" * 150, "don't", "  ", "\n", "tea-time",
+             "supercalifragilistic", "é" * 120, "[SEP]", "İstanbul"]  # fmt: skip
+    weights = np.asarray([1.0] * len(words))
+    weights[[words.index("x" * 150), words.index("é" * 120)]] = 0.05  # rare long words ([UNK], a cut through them)
+    picked = rng.choice(words, size=n_words, p=weights / weights.sum())
+    glued = rng.random(n_words) < 0.2
+    return "".join(str(word) + ("" if glue else " ") for word, glue in zip(picked, glued, strict=True))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("limit", [128, 512])
+def test_texts_far_too_long_answered_as_if_tokenized_whole(request_tokenizer, limit):
+    """Texts over 16 × limit characters are counted from a prefix (`proves_too_long`), not tokenized
+    whole: `encode` still refuses exactly the texts over the limit, and truncates to exactly the tokens
+    of the whole text, alone, in a pair cut longest-first (either text the longer), and as a document."""
+    from service.tokenization import TooLong
+
+    tok = request_tokenizer
+    rng = np.random.default_rng(limit)
+    proven = 0
+    for trial in range(16):
+        text = random_text(rng, int(rng.integers(1500, 5000)))
+        if trial % 5 == 0:  # sparse, then dense: no first step shows it
+            text = " " * (3 * tok.scan_chars(limit)) + text
+        assert len(text) > 2 * tok.scan_chars(limit)
+        whole = len(tok.plain.encode(text).ids)
+        proven += tok.proves_too_long(text, limit) is not None
+        try:
+            tok.encode([text], max_length=limit)
+            assert whole <= limit
+        except TooLong as error:
+            assert whole > limit and error.index == 0
+        cases = [
+            ("longest_first", (text,)),
+            ("longest_first", (text, "a dog ran " * 300)),  # the pair's other text is also over the limit
+            ("longest_first", ("a dog ran " * 300, text)),
+            ("longest_first", (text, "what is it about")),
+            ("only_first", (text, "what is it about")),
+        ]
+        for strategy, args in cases:
+            want = tok.truncating(strategy, limit).encode(*args).ids
+            item = args[0] if len(args) == 1 else args
+            got = tok.encode([item], truncate=True, documents=strategy == "only_first", max_length=limit)[0]
+            assert got.input_ids.tolist() == want, (trial, strategy)
+    assert proven >= 6
