@@ -43,7 +43,7 @@ from .schemas import ClassifyParameters, EmbedParameters, FillMaskParameters, Mo
 from .settings import ServiceSettings
 from .tokenization import Encoded, RequestTokenizer, TooLong
 
-# Postprocessing more than this (masks × 30,522 softmax entries, plus candidates × input tokens for
+# Postprocessing more than this (masks × vocabulary softmax entries, plus candidates × input tokens for
 # their sequences) runs in a worker thread; smaller answers are quicker done on the loop than handed off.
 POSTPROCESS_INLINE_WORK = 200_000
 
@@ -157,7 +157,8 @@ class ModelEngine:
             jobs = self._submit("fill-mask", encoded, deadline, positions)
             outputs = await self._await(jobs, client_gone)
             work = sum(
-                len(found) * (30_522 + per_mask * enc.length) for enc, found in zip(encoded, positions, strict=True)
+                len(found) * (self.manifest.model.vocab_size + per_mask * enc.length)
+                for enc, found in zip(encoded, positions, strict=True)
             )
             content = await self._postprocess(
                 work, self._fill_mask_content, encoded, positions, outputs, params.top_k, target_ids
