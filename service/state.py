@@ -116,9 +116,11 @@ class ServiceState:
             message = f"the service is shutting down; this request did not finish within {seconds:g} s"
             return ServiceError(503, "shutting_down", message, {"Retry-After": "1"})
 
+        in_flight = self.admission.in_flight
         failed = sum(engine.batcher.fail_all(shutting_down) for engine in self.models.values())
-        if failed:
-            print(f"drain_timeout_s ({seconds:g} s) passed: {failed} queued or running inputs answered 503")
+        if in_flight:
+            print(f"drain_timeout_s ({seconds:g} s) passed with {in_flight} requests in flight: "
+                  f"{failed} queued or running inputs answered 503, and any not yet queued")  # fmt: skip
 
     async def stop(self) -> None:
         """Close admission (new requests get 503), then let every engine finish what it has queued."""
