@@ -102,19 +102,37 @@ def cmd_export(args: argparse.Namespace) -> None:
 
 
 def cmd_serve(args: argparse.Namespace) -> None:
-    import uvicorn
+    from pydantic import ValidationError
 
-    from service.app import create_app
+    from service.server import serve
     from service.settings import ServiceSettings
 
     given = {k: v for k, v in vars(args).items() if k in ServiceSettings.model_fields and v is not None}
-    settings = ServiceSettings(**given)
+    try:
+        settings = ServiceSettings(**given)
+    except ValidationError as error:
+        raise SystemExit(f"bigs serve: {describe_invalid_settings(error, set(given))}") from None
     if not settings.models:
         raise SystemExit("no model: pass --model NAME=EXPORT_DIR (or set BIGS_MODELS)")
     # On SIGTERM uvicorn stops admission, drains, then re-raises the signal, which would end the process
     # with -15 after a clean shutdown; exit 0 instead (what supervisors read as "stopped cleanly").
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
-    uvicorn.run(create_app(settings), host=settings.host, port=settings.port, log_level="info")
+    failure = serve(settings)
+    if failure:  # a model failed to load: one line, exit status 1
+        raise SystemExit(f"bigs serve: {failure}")
+
+
+def describe_invalid_settings(error, flags: set[str]) -> str:
+    """A pydantic ValidationError of ServiceSettings as one line naming each setting and where it came
+    from: the command-line flag when it was given (`flags`), else its BIGS_* variable."""
+    parts = []
+    for item in error.errors():
+        name = str(item["loc"][0]) if item["loc"] else "settings"
+        source = ("--model" if name == "models" else f"--{name.replace('_', '-')}") if name in flags else None
+        message = item["msg"].removeprefix("Value error, ")
+        shown = "" if name == "api_key" else f", got {str(item.get('input'))[:80]}"
+        parts.append(f"{name} ({source or 'BIGS_' + name.upper()}): {message}{shown}")
+    return "invalid setting " + "; ".join(parts)
 
 
 def cmd_bench(args: argparse.Namespace) -> None:
@@ -185,6 +203,10 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--intra-op-threads", type=int)
     serve.add_argument("--ort-spin-wait", action=argparse.BooleanOptionalAction, default=None)
     serve.add_argument("--api-key")
+    serve.add_argument("--skip-failed-models", action=argparse.BooleanOptionalAction, default=None,
+                       help="serve the models that load; report the others as failed (default: exit 1)")  # fmt: skip
+    serve.add_argument("--drain-timeout-s", type=float, help="on SIGTERM, then 503 for what is left (default 25)")
+    serve.add_argument("--access-log", action=argparse.BooleanOptionalAction, default=None)
     serve.set_defaults(func=cmd_serve)
 
     bench = sub.add_parser("bench", help="run a benchmark script from bench/")

@@ -6,7 +6,10 @@ copy. Instead the file is memory-mapped once, every tensor of the manifest's wei
 one `OrtValue` over that mapping (no copy), and each bucket's session gets the same OrtValues via
 `SessionOptions.add_initializer`. ORT uses a user-supplied initializer in place, so the weights are
 resident once for all buckets (and, being file-backed, shared by worker processes through the page
-cache). Session options are the manifest's (optimisation off: the graphs are optimised offline;
+cache). A server passes `in_memory_weights=True`: the file is read into private memory once instead
+(the same resident size, since warm-up touches every page anyway), so a weights file overwritten or
+truncated under the running process changes nothing: a mapping would serve the new bytes unchecked,
+or die of SIGBUS on a page past the new end. Session options are the manifest's (optimisation off: the graphs are optimised offline;
 MLAS pre-packing off: it would give each session a packed copy of every MatMul weight).
 
     sessions = load_sessions("export_dir")            # {128: InferenceSession, 256: …}
@@ -26,9 +29,9 @@ from .manifest import Manifest, read_manifest
 
 @dataclass
 class MappedWeights:
-    """The weights file, mapped once, and one OrtValue per tensor over it."""
+    """The weights file, mapped (or read into memory) once, and one OrtValue per tensor over it."""
 
-    mapping: np.memmap
+    mapping: np.ndarray  # np.memmap, or the file's bytes in private memory (in_memory)
     values: dict[str, ort.OrtValue]
     arrays: dict[str, np.ndarray]  # the numpy views the OrtValues wrap (kept alive with them)
 
@@ -39,12 +42,15 @@ def onnx_section(export_dir: str | Path, manifest: Manifest):
     return manifest.onnx
 
 
-def map_weights(export_dir: str | Path, manifest: Manifest | None = None) -> MappedWeights:
-    """Memory-map `onnx/weights.bin` and wrap each tensor of the manifest's table in an OrtValue."""
+def map_weights(export_dir: str | Path, manifest: Manifest | None = None, in_memory: bool = False) -> MappedWeights:
+    """Memory-map `onnx/weights.bin` (or, `in_memory`, read it into private memory) and wrap each
+    tensor of the manifest's table in an OrtValue."""
     export_dir = Path(export_dir)
     section = onnx_section(export_dir, manifest or read_manifest(export_dir))
-    # Copy-on-write: pages stay shared with the page cache (and other processes) unless written.
-    mapping = np.memmap(export_dir / section.weights_file, dtype=np.uint8, mode="c")
+    path = export_dir / section.weights_file
+    # in memory: one read, nothing refers to the file afterwards; else copy-on-write: pages stay
+    # shared with the page cache (and other processes) unless written
+    mapping = np.fromfile(path, dtype=np.uint8) if in_memory else np.memmap(path, dtype=np.uint8, mode="c")
     arrays, values = {}, {}
     for name, t in section.weights.items():
         dtype = np.dtype(t.dtype)
@@ -83,17 +89,19 @@ def load_sessions(
     providers: list[str] | None = None,
     spin_wait: bool | None = None,
     manifest: Manifest | None = None,
+    in_memory_weights: bool = False,
 ) -> dict[int, ort.InferenceSession]:
     """{bucket: InferenceSession} for the export dir's ONNX graphs, all over one copy of the weights.
 
     `variant` is "fp32" or "int8" (when exported with --quantize int8). Pass `shared` (from
     `map_weights`) to reuse a mapping across calls; each session keeps a reference to it. Pass the
     `manifest` when it has been read already (it is read from the dir otherwise).
+    `in_memory_weights`: read the weights into private memory rather than map the file (a server).
     """
     export_dir = Path(export_dir)
     manifest = manifest or read_manifest(export_dir)
     section = onnx_section(export_dir, manifest)
-    shared = shared or map_weights(export_dir, manifest)
+    shared = shared or map_weights(export_dir, manifest, in_memory=in_memory_weights)
     sessions = {}
     for bucket in sorted(section.buckets):
         if buckets is not None and bucket not in buckets:

@@ -2,14 +2,21 @@
 
 Start-up loads every export dir (service/state.py: manifest read once, hashes checked, one engine
 per model, every batch shape warmed up) and only then answers ready. Loading runs in the background
-so /health and /ready answer meanwhile. Shutdown (SIGTERM through uvicorn) closes admission, lets
-in-flight requests finish, then drains the queues.
+so /health and /ready answer meanwhile. A model that fails to load calls `on_fatal` with one line
+saying which and why (`bigs serve` then exits non-zero: service/server.py), unless
+`skip_failed_models`. Shutdown (SIGTERM through uvicorn) closes admission, lets in-flight requests
+finish, then drains the queues.
+
+Middleware, outermost first: Measure (metrics) → CORS → ApiKey → BodyLimit → the routes; so a
+request without the key costs no body read, and a 401 or 413 carries CORS headers.
 """
 
 from __future__ import annotations
 
 import asyncio
+import hmac
 import time
+from collections.abc import Callable
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
@@ -19,10 +26,12 @@ from .errors import error_response, install_handlers
 from .metrics import ServiceMetrics
 from .routes import api, ops
 from .settings import ServiceSettings
-from .state import ServiceState
+from .state import LoadFailed, ServiceState, one_line
 
 
-def create_app(settings: ServiceSettings | None = None) -> FastAPI:
+def create_app(settings: ServiceSettings | None = None, on_fatal: Callable[[str], None] | None = None) -> FastAPI:
+    """The app. `on_fatal(line)`: called when the models cannot be served (one line: which model
+    failed and why); without it the line is printed and the process stays up, /ready saying why."""
     settings = settings or ServiceSettings()
     state = ServiceState(settings)
 
@@ -30,9 +39,13 @@ def create_app(settings: ServiceSettings | None = None) -> FastAPI:
         try:
             await asyncio.to_thread(state.load)
             state.start()
-        except Exception as error:  # reported by /ready; the process stays up to say why
-            state.load_error = f"{type(error).__name__}: {error}"
-            print(f"model loading failed: {state.load_error}")
+        except Exception as error:
+            state.load_error = error.public if isinstance(error, LoadFailed) else "model loading failed"
+            line = str(error) if isinstance(error, LoadFailed) else f"model loading failed: {one_line(error)}"
+            if on_fatal is not None:
+                on_fatal(line)
+            else:
+                print(line)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -53,12 +66,14 @@ def create_app(settings: ServiceSettings | None = None) -> FastAPI:
     install_handlers(app)
     app.include_router(ops)
     app.include_router(api)
+    # add_middleware puts each one outside those added before it
+    app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes, timeout_s=settings.body_timeout_s)
+    if settings.api_key:
+        app.add_middleware(ApiKey, key=settings.api_key, open_paths=settings.open_paths)
     if settings.cors_origins:
         app.add_middleware(CORSMiddleware, allow_origins=settings.cors_origins, allow_methods=["GET", "POST"],
                            allow_headers=["Authorization", "Content-Type"])  # fmt: skip
-
-    app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
-    app.add_middleware(Measure, metrics=state.metrics)  # outermost: counts every answer, 413s included
+    app.add_middleware(Measure, metrics=state.metrics)  # outermost: counts every answer, 401s and 413s included
     return app
 
 
@@ -92,15 +107,39 @@ class Measure:
             self.metrics.request_latency.labels(endpoint, str(status)).observe(time.perf_counter() - started)
 
 
+class ApiKey:
+    """With an API key set, every path but `open_paths` needs `Authorization: Bearer <key>` (the
+    scheme in any case); else 401 with `WWW-Authenticate: Bearer`. Checked before the body is read,
+    compared in constant time."""
+
+    def __init__(self, app, key: str, open_paths: list[str]):
+        self.app, self.key, self.open_paths = app, key.encode(), frozenset(open_paths)
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http" or scope["path"] in self.open_paths or self._preflight(scope):
+            return await self.app(scope, receive, send)
+        scheme, _, credentials = dict(scope["headers"]).get(b"authorization", b"").partition(b" ")
+        if scheme.lower() == b"bearer" and hmac.compare_digest(credentials.strip(), self.key):
+            return await self.app(scope, receive, send)
+        message = "missing or wrong API key (Authorization: Bearer <key>)"
+        await error_response(401, "unauthorized", message, {"WWW-Authenticate": "Bearer"})(scope, receive, send)
+
+    @staticmethod
+    def _preflight(scope) -> bool:
+        """A CORS preflight (no credentials by design); CORSMiddleware, outside, answers it when on."""
+        return scope["method"] == "OPTIONS" and b"access-control-request-method" in dict(scope["headers"])
+
+
 class BodyLimit:
-    """Refuse bodies over the limit, by Content-Length or, when sent without one (chunked), by the bytes.
+    """Refuse bodies over the limit, by Content-Length or, when sent without one (chunked), by the
+    bytes (413), or that take over `timeout_s` to arrive (408, and the connection is closed).
 
     The body is read here, up to the limit, before the app sees it, then handed on in one piece:
     an exception raised from inside the app's `receive` would reach FastAPI's body parser and come
     out as a 400, not a 413."""
 
-    def __init__(self, app, max_bytes: int):
-        self.app, self.max_bytes = app, max_bytes
+    def __init__(self, app, max_bytes: int, timeout_s: float | None = None):
+        self.app, self.max_bytes, self.timeout_s = app, max_bytes, timeout_s
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
@@ -109,16 +148,16 @@ class BodyLimit:
         length = dict(scope["headers"]).get(b"content-length")
         if length is not None and (not length.isdigit() or int(length) > self.max_bytes):
             return await too_large(scope, receive, send)
-        body = bytearray()
-        while True:
-            message = await receive()
-            if message["type"] != "http.request":  # the client left before its body was in
-                return
-            body += message.get("body", b"")
-            if len(body) > self.max_bytes:
-                return await too_large(scope, receive, send)
-            if not message.get("more_body", False):
-                break
+        try:
+            async with asyncio.timeout(self.timeout_s):
+                body = await self._read(receive)
+        except TimeoutError:
+            message = f"the request body did not arrive within {self.timeout_s:g} s"
+            return await error_response(408, "body_timeout", message, {"Connection": "close"})(scope, receive, send)
+        if body is None:  # the client left before its body was in
+            return
+        if len(body) > self.max_bytes:
+            return await too_large(scope, receive, send)
         replayed = False
 
         async def replay():
@@ -129,3 +168,14 @@ class BodyLimit:
             return await receive()  # afterwards: http.disconnect, when the client goes
 
         await self.app(scope, replay, send)
+
+    async def _read(self, receive) -> bytearray | None:
+        """The body, or as much of it as is one byte over the limit; None when the client left."""
+        body = bytearray()
+        while True:
+            message = await receive()
+            if message["type"] != "http.request":
+                return None
+            body += message.get("body", b"")
+            if len(body) > self.max_bytes or not message.get("more_body", False):
+                return body

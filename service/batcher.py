@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import deque
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -68,6 +69,7 @@ class Lane:
     executor: ThreadPoolExecutor
     wakeup: asyncio.Event = field(default_factory=asyncio.Event)
     task: asyncio.Task | None = None
+    running: list[Job] = field(default_factory=list)  # the batch on the runtime now
 
 
 class ModelBatcher:
@@ -82,6 +84,7 @@ class ModelBatcher:
             for name in ("short", "long")
         }
         self.stopping = False
+        self.closed: Callable[[], Exception] | None = None  # set by fail_all: what later submits raise
         self.arriving = 0  # requests admitted for this model whose inputs are not queued yet
 
     # -- shapes ---------------------------------------------------------------------------
@@ -111,6 +114,26 @@ class ModelBatcher:
         for lane in self.lanes.values():
             lane.executor.shutdown(wait=True)
 
+    def fail_all(self, error: Callable[[], Exception]) -> int:
+        """Fail every queued input and those of the batches running now with `error()`, and every later
+        submit (the drain on shutdown ran out of time). A running batch finishes on its worker thread;
+        its answers are dropped. The number of inputs failed."""
+        self.closed = error
+        failed = 0
+        for queue in self.queues.values():
+            while queue:
+                job = queue.popleft()
+                self.metrics.queue_depth.labels(self.model_name, str(job.bucket)).dec()
+                if not job.future.done():
+                    job.future.set_exception(error())
+                    failed += 1
+        for lane in self.lanes.values():
+            for job in lane.running:
+                if not job.future.done():
+                    job.future.set_exception(error())
+                    failed += 1
+        return failed
+
     def warm_up(self) -> None:
         """Run every shape once (blocking; called before the service says ready)."""
         for head, bucket, batch in self.shapes():
@@ -130,6 +153,8 @@ class ModelBatcher:
                 lane.wakeup.set()
 
     def submit(self, job: Job) -> None:
+        if self.closed is not None:
+            raise self.closed()
         if self.stopping:
             raise RuntimeError("the service is shutting down")
         self.queues.setdefault((job.head, job.bucket), deque()).append(job)
@@ -207,6 +232,7 @@ class ModelBatcher:
         for job in jobs:
             job.queue_s = started - job.enqueued
         labels = (self.model_name, str(bucket))
+        lane.running = jobs
         try:
             outputs = await asyncio.get_running_loop().run_in_executor(
                 lane.executor, self.runtime.run, head, bucket, inputs
@@ -219,6 +245,8 @@ class ModelBatcher:
                 if not job.future.done():
                     job.future.set_exception(RuntimeFailure(f"{type(error).__name__}: {error}"))
             return
+        finally:
+            lane.running = []
         elapsed = time.perf_counter() - started
         self.metrics.batch_size.labels(*labels).observe(len(jobs))
         self.metrics.bucket_latency.labels(*labels).observe(elapsed)

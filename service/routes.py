@@ -7,11 +7,10 @@ from __future__ import annotations
 
 import time
 
-from fastapi import APIRouter, Depends, Request
+from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 
 from .engine import Answer
-from .errors import ServiceError
 from .schemas import (
     ClassifyRequest,
     DocumentClassifyRequest,
@@ -33,13 +32,9 @@ def service(request: Request) -> ServiceState:
     return request.app.state.service
 
 
-def require_api_key(request: Request) -> None:
-    key = service(request).settings.api_key
-    if key and request.headers.get("authorization") != f"Bearer {key}":
-        raise ServiceError(401, "unauthorized", "missing or wrong API key (Authorization: Bearer <key>)")
-
-
-api = APIRouter(prefix="/v1", dependencies=[Depends(require_api_key)], responses=ERRORS)
+# The API key is checked by the ApiKey middleware (service/app.py), before the body is read, on every
+# path but `open_paths` (/health, /ready): /v1/*, /metrics, /docs and /openapi.json alike.
+api = APIRouter(prefix="/v1", responses=ERRORS)
 ops = APIRouter()
 
 
@@ -138,7 +133,12 @@ async def embed(body: EmbedRequest, request: Request):
 
 @api.get("/models", response_model=ModelsResponse, summary="Models served, their tasks, labels and buckets")
 async def list_models(request: Request):
-    return ModelsResponse(models=[engine.card() for engine in service(request).models.values()])
+    state = service(request)
+    listing = ModelsResponse(models=[engine.card() for engine in state.models.values()])
+    if not state.failed:
+        return listing
+    failed = [{"name": name, "status": "failed", "error": reason} for name, reason in state.failed.items()]
+    return JSONResponse({**listing.model_dump(mode="json"), "failed": failed})  # skip_failed_models
 
 
 @ops.get("/health", summary="Liveness: the process answers")
@@ -152,6 +152,8 @@ async def ready(request: Request):
     if not state.ready:
         detail = state.load_error or ("shutting down" if state.stopping else "loading and warming up")
         return JSONResponse({"error": detail, "error_type": "not_ready"}, status_code=503)
+    if state.failed:  # skip_failed_models: the others are served
+        return {"status": "ready", "models": list(state.models), "failed": state.failed}
     return {"status": "ready", "models": list(state.models)}
 
 

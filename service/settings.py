@@ -21,26 +21,28 @@ class ServiceSettings(BaseSettings):
     )
     runtime: Literal["onnx", "stablehlo", "torch"] = "onnx"
     host: str = "127.0.0.1"
-    port: int = 8000
+    port: int = Field(8000, ge=1, le=65535)
 
     # Batching: a batch of one (model, head, bucket) is cut when the next request would push
     # bucket × batch over the token budget, at max_batch_size, or max_wait_ms after its first request.
-    max_batch_tokens: int = 16384
-    max_batch_size: int = 32
-    max_wait_ms: float = 5.0
+    max_batch_tokens: int = Field(16384, ge=1)
+    max_batch_size: int = Field(32, ge=1)
+    max_wait_ms: float = Field(5.0, ge=0)
 
     # Admission and deadlines.
-    max_in_flight: int = Field(256, description="requests admitted at once; past that, 429")
-    request_timeout_s: float = Field(60.0, description="per-request deadline; past that, 504")
-    max_body_bytes: int = 4 * 1024 * 1024
-    max_inputs_per_request: int = 64
-    max_masks_per_input: int = Field(32, description="[MASK] tokens one fill-mask input may have (logits memory)")
-    classify_max_length: int = Field(512, description="longest input of /v1/classify; longer goes to /v1/documents")
+    max_in_flight: int = Field(256, ge=1, description="requests admitted at once; past that, 429")
+    request_timeout_s: float = Field(60.0, gt=0, description="per-request deadline; past that, 504")
+    max_body_bytes: int = Field(4 * 1024 * 1024, ge=1)
+    max_inputs_per_request: int = Field(64, ge=1)
+    max_masks_per_input: int = Field(32, ge=1, description="[MASK] tokens one fill-mask input may have (logits memory)")
+    classify_max_length: int = Field(
+        512, ge=3, description="longest input of /v1/classify; longer goes to /v1/documents"
+    )
 
     # Threads: short buckets and long buckets run on separate workers so a 4,096-token batch
     # (seconds on a CPU) never holds short requests back.
-    long_bucket_min_length: int = 1024
-    intra_op_threads: int = Field(0, description="threads per runtime call; 0 = the runtime's default")
+    long_bucket_min_length: int = Field(1024, ge=1)
+    intra_op_threads: int = Field(0, ge=0, description="threads per runtime call; 0 = the runtime's default")
     ort_spin_wait: bool = Field(
         False,
         description="let ONNX Runtime's threads spin between runs (its own default); off, the short and "
@@ -48,18 +50,41 @@ class ServiceSettings(BaseSettings):
     )
 
     api_key: str | None = Field(None, description="when set, requests need `Authorization: Bearer <key>`")
+    # Start-up, transport and shutdown.
+    open_paths: Annotated[list[str], NoDecode] = Field(
+        default_factory=lambda: ["/health", "/ready"],
+        description="paths answered without the API key (exact match); every other path needs it",
+    )
+    skip_failed_models: bool = Field(
+        False,
+        description="a model that fails to load is reported as failed (/ready, /v1/models) and the others "
+        "are served; off: a model that fails to load ends `bigs serve` with a non-zero status",
+    )
+    max_connections: int = Field(1024, ge=1, description="open connections at once; past that, 503")
+    max_header_bytes: int = Field(64 * 1024, ge=1024, description="request line + headers; past that, 431")
+    header_timeout_s: float = Field(10.0, gt=0, description="to receive a request's line and headers; else closed")
+    body_timeout_s: float = Field(30.0, gt=0, description="to receive a request's whole body; past that, 408")
+    keep_alive_timeout_s: float = Field(5.0, gt=0, description="an idle keep-alive connection is closed after")
+    drain_timeout_s: float = Field(
+        25.0,
+        ge=0,
+        description="on SIGTERM, time for the requests in flight to finish (under a 30 s orchestrator grace "
+        "period); past it, what is still queued or running is answered 503 and the process exits",
+    )
+    access_log: bool = Field(True, description="one log line per request (uvicorn's access log)")
     cors_origins: Annotated[list[str], NoDecode] = Field(default_factory=list, description="empty = CORS off")
     warmup: bool = True
     verify_hashes: bool = True
 
-    # Robustness: bounds on what one request may make the service do.
+    # Bounds on what one request may make the service do.
     max_fill_mask_candidates: int = Field(
         2048,
+        gt=0,
         description="fill-mask candidates one request may ask for: inputs × [MASK] tokens × top_k (each carries "
         "its whole filled-in sequence); past that, 422",
     )
 
-    @field_validator("models", "cors_origins", mode="before")
+    @field_validator("models", "cors_origins", "open_paths", mode="before")
     @classmethod
     def split_words(cls, value):
         if isinstance(value, str):  # BIGS_MODELS="a=/x b=/y" or a JSON list
@@ -71,12 +96,30 @@ class ServiceSettings(BaseSettings):
             return [part for part in value.replace(",", " ").split() if part]
         return value
 
+    @field_validator("open_paths")
+    @classmethod
+    def absolute_paths(cls, value: list[str]) -> list[str]:
+        for path in value:
+            if not path.startswith("/"):
+                raise ValueError(f"{path!r} is not a path (paths start with /)")
+        return value
+
+    @field_validator("models")
+    @classmethod
+    def distinct_model_names(cls, value: list[str]) -> list[str]:
+        cls.named_dirs(value)  # raises on a name given twice
+        return value
+
     def model_dirs(self) -> dict[str, str]:
         """{name: export dir}; a bare dir is named after its last path component."""
+        return self.named_dirs(self.models)
+
+    @staticmethod
+    def named_dirs(items: list[str]) -> dict[str, str]:
         from pathlib import Path
 
         named = {}
-        for item in self.models:
+        for item in items:
             name, sep, path = item.partition("=")
             if not sep:
                 name, path = Path(item).name, item

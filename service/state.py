@@ -9,9 +9,11 @@ can emit; only then is admission opened and the service ready.
 from __future__ import annotations
 
 import asyncio
+import re
 import time
+from pathlib import Path
 
-from export.integrity import require_intact
+from export.integrity import IntegrityError, require_intact
 from export.manifest import read_manifest
 
 from .engine import Admission, ModelEngine
@@ -28,7 +30,8 @@ class ServiceState:
         self.models: dict[str, ModelEngine] = {}
         self.ready = False
         self.stopping = False
-        self.load_error: str | None = None
+        self.load_error: str | None = None  # why the service will not become ready (public: no paths)
+        self.failed: dict[str, str] = {}  # models that failed to load (skip_failed_models): name -> reason
 
     def engine_for(self, name: str | None, head: str) -> ModelEngine:
         """The engine of the model named, or the first served that has `head`; 503 until ready."""
@@ -36,6 +39,8 @@ class ServiceState:
             raise ServiceError(503, "not_ready", "the service is starting or shutting down", {"Retry-After": "1"})
         if name is not None:
             engine = self.models.get(name)
+            if engine is None and name in self.failed:
+                raise ServiceError(503, "model_failed", f"model {name!r} failed to load: {self.failed[name]}")
             if engine is None:
                 raise ServiceError(400, "unknown_model", f"no model named {name!r}; serving {sorted(self.models)}")
             if head not in engine.heads:
@@ -49,16 +54,44 @@ class ServiceState:
         raise ServiceError(400, "unsupported_task", f"no model served here does {head}")
 
     def load(self) -> None:
-        """Blocking: load every model and warm every shape (runs in a worker thread)."""
+        """Blocking: load every model and warm every shape (runs in a worker thread).
+
+        First every dir's manifest and file hashes (seconds), then the engines and their warm-up
+        (minutes for large models): a missing or modified dir is reported before any warm-up. A model
+        that fails raises `LoadFailed`, unless `skip_failed_models`: then it is recorded in `failed`
+        and the others are served (LoadFailed only when none is left)."""
+        manifests = {}
         for name, path in self.settings.model_dirs().items():
+            try:
+                manifest = read_manifest(path)
+                if self.settings.verify_hashes:
+                    require_intact(path, manifest)
+            except Exception as error:
+                self._failed(name, path, error)
+                continue
+            manifests[name] = manifest
+        for name, manifest in manifests.items():
+            path = self.settings.model_dirs()[name]
             started = time.perf_counter()
-            manifest = read_manifest(path)
-            if self.settings.verify_hashes:
-                require_intact(path, manifest)
-            engine = ModelEngine(name, path, manifest, self.settings, self.metrics, self.admission)
-            shapes = engine.warm_up() if self.settings.warmup else 0
+            try:
+                engine = ModelEngine(name, path, manifest, self.settings, self.metrics, self.admission)
+                shapes = engine.warm_up() if self.settings.warmup else 0
+            except Exception as error:
+                self._failed(name, path, error)
+                continue
             self.models[name] = engine
             print(f"loaded {name} from {path}: {shapes} shapes warmed in {time.perf_counter() - started:.1f} s")
+        if not self.models:
+            raise LoadFailed("no model could be loaded: " + "; ".join(f"{n}: {r}" for n, r in self.failed.items()),
+                             "no model could be loaded")  # fmt: skip
+
+    def _failed(self, name: str, path: str, error: Exception) -> None:
+        reason = one_line(error)
+        self.failed[name] = public_reason(error, path)
+        if not self.settings.skip_failed_models:
+            raise LoadFailed(f"model {name!r} failed to load from {path}: {reason}", f"model {name!r} failed to "
+                             f"load: {self.failed[name]}") from None  # fmt: skip
+        print(f"model {name!r} failed to load from {path}: {reason} (skipped: skip_failed_models is on)")
 
     def start(self) -> None:
         """After loading, on the event loop: the batchers' lanes run and requests are admitted."""
@@ -67,9 +100,56 @@ class ServiceState:
         self.ready = not self.stopping
         self.admission.open = self.ready
 
+    def begin_drain(self) -> None:
+        """On SIGTERM, before the server waits for its connections: /ready and new requests get 503;
+        requests already admitted go on. After `drain_timeout_s`, `expire_drain`."""
+        self.stopping = True
+        self.ready = False
+        self.admission.open = False
+        asyncio.get_running_loop().call_later(self.settings.drain_timeout_s, self.expire_drain)
+
+    def expire_drain(self) -> None:
+        """The drain took too long: every input still queued or running is answered 503 now."""
+        seconds = self.settings.drain_timeout_s
+
+        def shutting_down() -> ServiceError:
+            message = f"the service is shutting down; this request did not finish within {seconds:g} s"
+            return ServiceError(503, "shutting_down", message, {"Retry-After": "1"})
+
+        in_flight = self.admission.in_flight
+        failed = sum(engine.batcher.fail_all(shutting_down) for engine in self.models.values())
+        if in_flight:
+            print(f"drain_timeout_s ({seconds:g} s) passed with {in_flight} requests in flight: "
+                  f"{failed} queued or running inputs answered 503, and any not yet queued")  # fmt: skip
+
     async def stop(self) -> None:
         """Close admission (new requests get 503), then let every engine finish what it has queued."""
         self.stopping = True
         self.ready = False
         self.admission.open = False
         await asyncio.gather(*(engine.stop() for engine in self.models.values()))
+
+
+class LoadFailed(RuntimeError):
+    """The service cannot serve what it was asked to: `str()` is one line for the log (paths
+    included), `public` the same without paths, for /ready."""
+
+    def __init__(self, message: str, public: str):
+        super().__init__(message)
+        self.public = public
+
+
+def one_line(error: BaseException, limit: int = 400) -> str:
+    """`Type: message` on one line (runtimes' messages run over several), at most `limit` characters."""
+    text = re.sub(r"\s+", " ", f"{type(error).__name__}: {error}").strip()
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def public_reason(error: BaseException, export_dir: str) -> str:
+    """Why a model failed, for /ready and /v1/models: no file-system paths."""
+    if isinstance(error, IntegrityError):
+        return "files differ from the export: " + "; ".join(error.problems[:3])
+    text = one_line(error, 200)
+    for path in sorted({str(export_dir), str(Path(export_dir).resolve())}, key=len, reverse=True):
+        text = text.replace(path, "<export dir>")
+    return re.sub(r"(?<![\w<>])/[^\s:;,'\"]+", "<path>", text)  # any other absolute path

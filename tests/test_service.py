@@ -13,8 +13,12 @@ import asyncio
 import json
 import os
 import random
+import shutil
 import signal
+import socket
 import statistics
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -27,7 +31,10 @@ for _needed in ("torch", "transformers", "onnxruntime", "jax", "fastapi", "uvico
     pytest.importorskip(_needed)
 
 from service_fixtures import (  # noqa: E402
+    HOST,
+    ROOT,
     Server,
+    _clean_env,
     assert_error,
     assert_same,
     build_exports,
@@ -566,9 +573,10 @@ BODY_LIMIT = 16384
 
 @pytest.fixture(scope="module")
 def guarded(exports, logs):
-    """cls only; API key, 16 KiB bodies, one request in flight at a time."""
+    """cls only; API key, 16 KiB bodies, one request in flight at a time; /metrics open to a scraper
+    without the key (open_paths: by default only /health and /ready are, see test_api_key_covers_every_path)."""
     s = Server(served(exports, "cls"), logs, "guarded", BIGS_API_KEY="s3cret", BIGS_MAX_BODY_BYTES=str(BODY_LIMIT),
-               BIGS_MAX_IN_FLIGHT="1", BIGS_WARMUP="false")  # fmt: skip
+               BIGS_MAX_IN_FLIGHT="1", BIGS_WARMUP="false", BIGS_OPEN_PATHS="/health /ready /metrics")  # fmt: skip
     s.wait_ready()
     yield s
     s.stop()
@@ -939,3 +947,295 @@ def test_sigterm_drains_in_flight_requests(start_server):
     assert all(len(r.json()) == 16 for r in results)
     assert s.proc.wait(60) == 0, s.log()
     assert "Application shutdown complete" in s.log()
+
+
+# -- start-up: a model that fails to load, settings that make no sense ------------------------
+
+
+def broken_export(exports, tmp_path: Path, how: str) -> Path:
+    """A copy of the cls export, broken `how`: missing (no dir), modified (a byte of the weights
+    changed after export), unloadable (a graph cut short; served with verify_hashes off)."""
+    copy = tmp_path / f"export-{how}"
+    if how == "missing":
+        return copy
+    shutil.copytree(exports["cls"], copy)
+    if how == "modified":
+        with open(copy / "onnx" / "weights.bin", "r+b") as f:
+            f.seek(1000)
+            byte = f.read(1)
+            f.seek(1000)
+            f.write(bytes([byte[0] ^ 0xFF]))
+    elif how == "unloadable":
+        graph = copy / "onnx" / "128.onnx"
+        graph.write_bytes(graph.read_bytes()[:100])
+    return copy
+
+
+FAILED_LOADS = {  # how: (extra settings, what the line says)
+    "missing": ({}, "manifest.json not found"),
+    "modified": ({}, "sha256 mismatch: onnx/weights.bin"),
+    "unloadable": ({"BIGS_VERIFY_HASHES": "false"}, "failed to load from"),
+}
+
+
+@pytest.mark.parametrize("how", list(FAILED_LOADS))
+def test_a_model_that_fails_to_load_ends_serve_with_status_1_and_one_line_saying_which_and_why(
+    exports, logs, tmp_path, how
+):
+    env, says = FAILED_LOADS[how]
+    bad = broken_export(exports, tmp_path, how)
+    s = Server({"fill": exports["mlm"], "bad": bad}, logs, f"fails-{how}", BIGS_WARMUP="false", **env)
+    try:
+        rc = s.proc.wait(60)
+    finally:
+        s.stop()
+    took = time.perf_counter() - s.started
+    log = s.log()
+    last = log.strip().splitlines()[-1]
+    assert rc == 1, log
+    assert last.startswith("bigs serve: model 'bad' failed to load from ") and says in last, last
+    assert "Traceback" not in log
+    assert took < 30, took  # seconds: imports, then the manifest or the graph; nothing waits to be ready
+    print(f"{how}: exit status {rc} {took:.2f} s after the start")
+
+
+def test_with_skip_failed_models_the_others_are_served_and_the_failed_one_reported(exports, logs, tmp_path):
+    bad = broken_export(exports, tmp_path, "modified")
+    gone = broken_export(exports, tmp_path, "missing")
+    s = Server({"fill": exports["mlm"], "bad": bad, "gone": gone}, logs, "skip", BIGS_SKIP_FAILED_MODELS="true",
+               BIGS_WARMUP="false")  # fmt: skip
+    try:
+        s.wait_ready(120)
+        with httpx.Client(base_url=s.url, timeout=60) as c:
+            ready = c.get("/ready").json()
+            assert ready["status"] == "ready" and ready["models"] == ["fill"], ready
+            assert set(ready["failed"]) == {"bad", "gone"}
+            assert "sha256 mismatch" in ready["failed"]["bad"] and "not found" in ready["failed"]["gone"]
+            listing = c.get("/v1/models").json()
+            assert [card["name"] for card in listing["models"]] == ["fill"]
+            assert {(f["name"], f["status"]) for f in listing["failed"]} == {("bad", "failed"), ("gone", "failed")}
+            assert str(tmp_path) not in json.dumps(ready) + json.dumps(listing)  # no paths in public answers
+            failed = c.post("/v1/fill-mask", json={"inputs": "a [MASK]", "model": "bad"})
+            assert "sha256 mismatch" in assert_error(failed, 503, "model_failed")["error"]
+            assert c.post("/v1/fill-mask", json={"inputs": "a [MASK]"}).status_code == 200
+        assert "(skipped: skip_failed_models is on)" in s.log()
+    finally:
+        assert s.stop() == 0
+
+
+def test_with_skip_failed_models_serve_still_exits_1_when_no_model_loads(exports, logs, tmp_path):
+    s = Server({"gone": broken_export(exports, tmp_path, "missing")}, logs, "skip-none",
+               BIGS_SKIP_FAILED_MODELS="true")  # fmt: skip
+    try:
+        rc = s.proc.wait(60)
+    finally:
+        s.stop()
+    assert rc == 1 and s.log().strip().splitlines()[-1].startswith("bigs serve: no model could be loaded"), s.log()
+
+
+INVALID_SETTINGS = {
+    "BIGS_MAX_IN_FLIGHT": "0",  # was: every request 429
+    "BIGS_MAX_BODY_BYTES": "-1",  # was: /health 413
+    "BIGS_REQUEST_TIMEOUT_S": "0",
+    "BIGS_MAX_BATCH_SIZE": "0",
+    "BIGS_MAX_WAIT_MS": "-1",
+    "BIGS_PORT": "70000",
+    "BIGS_MAX_HEADER_BYTES": "10",
+    "BIGS_DRAIN_TIMEOUT_S": "-5",
+    "BIGS_MAX_CONNECTIONS": "0",
+    "BIGS_OPEN_PATHS": "health",
+}
+
+
+@pytest.mark.parametrize("variable", list(INVALID_SETTINGS))
+def test_an_invalid_setting_ends_serve_at_once_with_one_line_naming_it(exports, variable):
+    env = _clean_env(BIGS_MODELS=f"cls={exports['cls']}", BIGS_HOST=HOST, **{variable: INVALID_SETTINGS[variable]})
+    run = subprocess.run([sys.executable, "-m", "bigs_cli", "serve"], cwd=ROOT, env=env, capture_output=True,
+                         text=True, timeout=60)  # fmt: skip
+    assert run.returncode != 0
+    lines = run.stderr.strip().splitlines()
+    assert len(lines) == 1 and variable in lines[0] and lines[0].startswith("bigs serve: invalid setting "), run.stderr
+    assert "Uvicorn running" not in run.stdout + run.stderr
+
+
+# -- transport: the key on every path, bounded headers, slow senders, connections --------------
+
+HARD_KEY = {"authorization": "Bearer k3y"}
+
+
+@pytest.fixture(scope="module")
+def hardened(exports, logs):
+    """cls only; an API key with the default open paths, 1 s to send a head or a body, 8 connections."""
+    s = Server(served(exports, "cls"), logs, "hardened", BIGS_API_KEY="k3y", BIGS_WARMUP="false",
+               BIGS_HEADER_TIMEOUT_S="1", BIGS_BODY_TIMEOUT_S="1", BIGS_MAX_CONNECTIONS="8")  # fmt: skip
+    s.wait_ready()
+    yield s
+    s.stop()
+
+
+def raw_exchange(url: str, data: bytes, slow: bytes = b"", limit: float = 10.0) -> tuple[bytes, float]:
+    """Send `data` on a fresh connection, then `slow` a byte every 0.2 s, and read until the server
+    closes or `limit` s pass: (what it answered, seconds until it closed). The seconds until the
+    first byte of the answer: `raw_exchange.first_byte`."""
+    port = int(url.rsplit(":", 1)[1])
+    started = time.perf_counter()
+    answer = b""
+    raw_exchange.first_byte = None
+    with socket.create_connection((HOST, port), timeout=limit) as sock:
+        try:
+            sock.sendall(data)
+            for byte in slow:  # bounded: at most len(slow) bytes, and the server cuts it off first
+                sock.sendall(bytes([byte]))
+                time.sleep(0.2)
+                if time.perf_counter() - started > limit:
+                    break
+        except OSError:  # the server closed while we were still sending
+            pass
+        try:
+            while time.perf_counter() - started < limit and (chunk := sock.recv(65536)):
+                if not answer:
+                    raw_exchange.first_byte = time.perf_counter() - started
+                answer += chunk
+        except OSError:
+            pass
+    return answer, time.perf_counter() - started
+
+
+def raw_status(answer: bytes) -> tuple[int, dict]:
+    head, _, body = answer.partition(b"\r\n\r\n")
+    status = int(head.split(b" ", 2)[1])
+    return status, json.loads(body)
+
+
+def test_api_key_covers_every_path_but_health_and_ready(hardened):
+    with httpx.Client(base_url=hardened.url, timeout=60) as c:
+        for path in ("/metrics", "/docs", "/openapi.json", "/v1/models", "/", "/v1/nothing"):
+            response = c.get(path)
+            assert_error(response, 401, "unauthorized")
+            assert response.headers["www-authenticate"] == "Bearer"
+        for auth in ("Bearer k3y", "bearer k3y", "BEARER k3y"):  # the scheme in any case, the key exactly
+            assert c.get("/metrics", headers={"authorization": auth}).status_code == 200
+        for auth in ("Bearer k3", "Bearer k3yy", "Bearer K3Y", "k3y", "Basic k3y", "Bearer"):
+            assert_error(c.get("/v1/models", headers={"authorization": auth}), 401, "unauthorized")
+        assert c.get("/openapi.json", headers=HARD_KEY).status_code == 200
+        assert c.post("/v1/classify", json={"inputs": "x"}, headers=HARD_KEY).status_code == 200
+        assert c.get("/health").status_code == 200 and c.get("/ready").status_code == 200
+
+
+def test_api_key_is_checked_before_the_body_is_read(hardened):
+    head = b"POST /v1/classify HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 1000\r\n"
+    # no key: 401 at once, though the announced body never comes
+    answer, _ = raw_exchange(hardened.url, head + b"\r\n")
+    status, body = raw_status(answer)
+    assert status == 401 and body["error_type"] == "unauthorized", answer
+    assert raw_exchange.first_byte < 0.9, raw_exchange.first_byte  # not after body_timeout_s (1 s)
+    # with the key, the server waits for the body (then gives up: body_timeout_s)
+    answer, took = raw_exchange(hardened.url, head + b"Authorization: Bearer k3y\r\n\r\n")
+    status, body = raw_status(answer)
+    assert status == 408 and body["error_type"] == "body_timeout" and 0.9 < took < 5, (answer, took)
+
+
+def test_headers_over_the_limit_answer_431_at_once(hardened):
+    big = b"GET /health HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * (1 << 20) + b"\r\n\r\n"  # 1 MB of header
+    answer, took = raw_exchange(hardened.url, big)
+    status, body = raw_status(answer)
+    assert status == 431 and body["error_type"] == "headers_too_large" and took < 5, (answer[:300], took)
+    assert httpx.get(f"{hardened.url}/health").status_code == 200
+
+
+def test_slow_senders_are_cut_off_within_the_timeouts(hardened):
+    # a request head one byte every 0.2 s: 408 and closed after header_timeout_s (1 s), not after 60 bytes
+    slow_head = b"GET /health HTTP/1.1\r\nHost: x\r\nX-Slow: " + b"a" * 60 + b"\r\n\r\n"
+    answer, took = raw_exchange(hardened.url, b"", slow=slow_head)
+    status, body = raw_status(answer)
+    assert status == 408 and body["error_type"] == "header_timeout" and 0.9 < took < 5, (answer, took)
+    # a body one byte every 0.2 s: 408 after body_timeout_s (1 s)
+    head = b"POST /v1/classify HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer k3y\r\nContent-Type: application/json\r\n"
+    data = b'{"inputs": "' + b"a" * 40 + b'"}'
+    answer, took = raw_exchange(hardened.url, head + b"Content-Length: %d\r\n\r\n" % len(data), slow=data)
+    status, body = raw_status(answer)
+    assert status == 408 and body["error_type"] == "body_timeout" and 0.9 < took < 5, (answer, took)
+    # a connection that sends nothing is closed after header_timeout_s
+    answer, took = raw_exchange(hardened.url, b"")
+    assert answer == b"" and 0.9 < took < 5, took
+
+
+def test_connections_past_the_cap_answer_503_and_no_server_header(hardened):
+    port = int(hardened.url.rsplit(":", 1)[1])
+    held = [socket.create_connection((HOST, port)) for _ in range(8)]  # the cap; idle, closed after 1 s
+    try:
+        answer, _ = raw_exchange(hardened.url, b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+        status, body = raw_status(answer)
+        assert status == 503 and body["error_type"] == "overloaded", answer
+        assert b"\r\nretry-after: 1\r\n" in answer.lower()
+    finally:
+        for sock in held:
+            sock.close()
+    deadline = time.perf_counter() + 10
+    while True:  # the server sees the closes at once, on a loaded machine a moment later
+        response = httpx.get(f"{hardened.url}/health")
+        if response.status_code == 200 or time.perf_counter() > deadline:
+            break
+        time.sleep(0.1)
+    assert response.status_code == 200 and "server" not in response.headers
+
+
+# -- files under a running server, and the bound on the drain -----------------------------------
+
+
+def test_weights_changed_under_a_running_server_change_no_answer(exports, logs, tmp_path):
+    """The weights are read into memory: overwriting the file (was: other answers, 200) or cutting
+    it short (was: SIGBUS, no log line) under the running server changes nothing."""
+    copy = tmp_path / "export-cls"
+    shutil.copytree(exports["cls"], copy)
+    s = Server({"cls": copy}, logs, "weights", BIGS_WARMUP="false")
+    try:
+        s.wait_ready()
+        body = {"inputs": ["the cat sat on the mat", text_of(300, seed=1)]}
+        with httpx.Client(base_url=s.url, timeout=60) as c:
+            before = c.post("/v1/classify", json=body).json()
+            weights = copy / "onnx" / "weights.bin"
+            maps = Path(f"/proc/{s.proc.pid}/maps")
+            if maps.exists():
+                assert str(weights) not in maps.read_text()  # nothing of the file is mapped
+            size = weights.stat().st_size
+            with open(weights, "r+b") as f:  # overwritten in place
+                f.write(np.random.default_rng(0).standard_normal(size // 4, dtype=np.float32).tobytes())
+            assert c.post("/v1/classify", json=body).json() == before
+            with open(weights, "r+b") as f:  # cut short
+                f.truncate(0)
+            assert c.post("/v1/classify", json=body).json() == before
+            s.check_alive()
+    finally:
+        assert s.stop() == 0, s.log()
+
+
+@pytest.mark.slow
+def test_sigterm_past_drain_timeout_answers_what_is_left_503_and_exits(start_server):
+    s = start_server(("cls",), BIGS_WARMUP="false", BIGS_DRAIN_TIMEOUT_S="1")
+    docs = [text_of(1000, seed=300 + i) for i in range(64)]  # 4 batches of 16 x 1024 per request
+    requests = [("/v1/documents/classify", {"inputs": docs}) for _ in range(8)]  # far over 1 s here
+    results: list = []
+    thread = threading.Thread(target=lambda: results.extend(asyncio.run(send_all(s.url, requests))))
+    thread.start()
+    with httpx.Client(base_url=s.url, timeout=30) as c:  # wait until all eight are admitted and queued
+        while thread.is_alive():
+            now = scrape(c)
+            if metric(now, "bigs_requests_in_flight") == 8 and metric(now, "bigs_queue_depth") >= 8 * 64 - 64:
+                break
+            time.sleep(0.02)
+    assert thread.is_alive()
+    signalled = time.perf_counter()
+    s.proc.send_signal(signal.SIGTERM)
+    thread.join(60)
+    rc = s.proc.wait(60)
+    exited = time.perf_counter() - signalled
+    statuses = [r.status_code for r in results]
+    assert len(statuses) == 8 and set(statuses) <= {200, 503} and 503 in statuses, statuses
+    for r in results:
+        if r.status_code == 503:
+            assert_error(r, 503, "shutting_down")
+    assert rc == 0 and exited < 1 + 10, (rc, exited, s.log())  # drain_timeout_s, then one batch at most
+    print(f"drain_timeout_s 1: {statuses.count(503)} of 8 answered 503, exit status 0 {exited:.2f} s after SIGTERM")
+    log = s.log(chars=10**7)
+    assert "drain_timeout_s (1 s) passed with 8 requests in flight" in log and " 0 queued" not in log, log[-3000:]

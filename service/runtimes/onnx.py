@@ -1,4 +1,4 @@
-"""ONNX Runtime: one session per bucket, all over one memory-mapped copy of the weights."""
+"""ONNX Runtime: one session per bucket, all over one copy of the weights, read into memory."""
 
 from __future__ import annotations
 
@@ -29,6 +29,7 @@ class OnnxRuntime:
             providers=available_providers(),
             spin_wait=spin_wait,
             manifest=manifest,
+            in_memory_weights=True,  # a weights file changed under the server changes nothing (no SIGBUS)
         )
         self.buckets = sorted(self.sessions)
         first = self.sessions[self.buckets[0]]
