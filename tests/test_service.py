@@ -13,6 +13,7 @@ import asyncio
 import json
 import os
 import random
+import re
 import shutil
 import signal
 import socket
@@ -1238,4 +1239,6 @@ def test_sigterm_past_drain_timeout_answers_what_is_left_503_and_exits(start_ser
     assert rc == 0 and exited < 1 + 10, (rc, exited, s.log())  # drain_timeout_s, then one batch at most
     print(f"drain_timeout_s 1: {statuses.count(503)} of 8 answered 503, exit status 0 {exited:.2f} s after SIGTERM")
     log = s.log(chars=10**7)
-    assert "drain_timeout_s (1 s) passed with 8 requests in flight" in log and " 0 queued" not in log, log[-3000:]
+    # how many of the eight were still in flight at the bound depends on the machine's speed; some were
+    assert re.search(r"drain_timeout_s \(1 s\) passed with [1-8] requests in flight", log), log[-3000:]
+    assert " 0 queued" not in log, log[-3000:]
