@@ -8,7 +8,7 @@
 # 2. `bigs export` each into build/models/NAME (NAME = the artifact dir's name; an export newer than
 #    its artifact is reused unless BIGS_REEXPORT=1); build/models holds exactly these.
 # 3. Build docker/Dockerfile (target $BIGS_TARGET: serve = ONNX Runtime, or stablehlo) with docker when
-#    a daemon answers, else with buildah (../shared/tools/container-env.sh prepares it when present).
+#    a daemon answers, else with buildah (docker/container-env.sh prepares it).
 # 4. Run it on 127.0.0.1:$BIGS_SMOKE_PORT, wait for /ready, call every endpoint the models support and
 #    check the answers, run the image's own HEALTHCHECK, check non-root / no torch, stop it (SIGTERM
 #    must exit 0), report image size and build time. Any failure exits non-zero; the container is
@@ -112,7 +112,7 @@ if command -v docker >/dev/null 2>&1 && docker info >/dev/null 2>&1; then
   ENGINE=docker
   build() { docker build "$@"; }
 else
-  ENV_SCRIPT=${BIGS_CONTAINER_ENV:-$ROOT/../shared/tools/container-env.sh}
+  ENV_SCRIPT=${BIGS_CONTAINER_ENV:-$ROOT/docker/container-env.sh}
   if [ -f "$ENV_SCRIPT" ]; then
     log "no docker daemon: preparing buildah/podman with $ENV_SCRIPT"
     eval "$(bash "$ENV_SCRIPT")"
