@@ -93,14 +93,20 @@ class _RowStore:
         return out
 
 
+def read_split_index(split_dir: Path, kind: str) -> dict:
+    """A built split's index.json, checked to be of `kind` ("packed" or "labelled")."""
+    index = json.loads((split_dir / INDEX).read_text())
+    if index.get("kind") != kind:
+        raise ValueError(f"{split_dir} is not a {kind} split")
+    return index
+
+
 class PackedDataset:
     """A packed split (packing.pack_store): `len` and row access, rows as stored (uint16)."""
 
     def __init__(self, split_dir: str | Path):
         self.dir = Path(split_dir)
-        self.index = json.loads((self.dir / INDEX).read_text())
-        if self.index.get("kind") != "packed":
-            raise ValueError(f"{self.dir} is not a packed split")
+        self.index = read_split_index(self.dir, "packed")
         self.seq_len = int(self.index["seq_len"])
         self.special_ids = SpecialIds(**self.index["special_ids"])
         self.rows = _RowStore([self.dir / s["file"] for s in self.index["shards"]])
@@ -121,9 +127,7 @@ class LabelledDataset:
 
     def __init__(self, split_dir: str | Path):
         self.dir = Path(split_dir)
-        self.index = json.loads((self.dir / INDEX).read_text())
-        if self.index.get("kind") != "labelled":
-            raise ValueError(f"{self.dir} is not a labelled split")
+        self.index = read_split_index(self.dir, "labelled")
         self.max_length = int(self.index["max_length"])
         self.label2id: dict[str, int] = self.index["label2id"]
         self.id2label: dict[int, str] = {int(k): v for k, v in self.index["id2label"].items()}
