@@ -12,6 +12,14 @@ truncated under the running process changes nothing: a mapping would serve the n
 or die of SIGBUS on a page past the new end. Session options are the manifest's (optimisation off: the graphs are optimised offline;
 MLAS pre-packing off: it would give each session a packed copy of every MatMul weight).
 
+Activations: by default every ORT session owns a CPU arena that grows to the largest run it has
+seen and never shrinks, and its memory pattern pre-plans one block per input shape. A server with
+one session per bucket per model, each warmed up at its largest batch, then holds the sum of every
+session's peak: 5.4 GB for the two default models. `shared_arena=True` (what a server passes)
+registers ONE arena for the whole process (`session.use_env_allocators`) and turns the memory
+pattern off, so tensors are taken and given back one by one: the process holds about the peak of
+the runs that happen at once (0.7 GB for the same two models; bench/memory.py measures both).
+
     sessions = load_sessions("export_dir")            # {128: InferenceSession, 256: …}
     logits, embeddings = sessions[128].run(None, feeds)
 """
@@ -60,14 +68,36 @@ def map_weights(export_dir: str | Path, manifest: Manifest | None = None, in_mem
     return MappedWeights(mapping, values, arrays)
 
 
+_PROCESS_ARENA_REGISTERED = False
+
+
+def register_process_arena() -> None:
+    """One CPU arena for every session of this process that opts in (`session.use_env_allocators`);
+    idempotent. The arena grows by powers of two, like a session's own."""
+    global _PROCESS_ARENA_REGISTERED
+    if _PROCESS_ARENA_REGISTERED:
+        return
+    cpu = ort.OrtMemoryInfo("Cpu", ort.OrtAllocatorType.ORT_ARENA_ALLOCATOR, 0, ort.OrtMemType.DEFAULT)
+    # OrtArenaCfg(max_mem, arena_extend_strategy, initial_chunk_size_bytes, max_dead_bytes_per_chunk):
+    # no cap, next power of two, ORT's default chunk sizes
+    ort.create_and_register_allocator(cpu, ort.OrtArenaCfg(0, 0, -1, -1))
+    _PROCESS_ARENA_REGISTERED = True
+
+
 def session_options(
-    manifest: Manifest, intra_op_threads: int | None = None, spin_wait: bool | None = None
+    manifest: Manifest,
+    intra_op_threads: int | None = None,
+    spin_wait: bool | None = None,
+    shared_arena: bool = False,
 ) -> ort.SessionOptions:
     """The session options the export was made for (the manifest's onnx.session_options).
 
     `spin_wait=False` stops ORT's intra-op threads from spinning after each run (ORT spins by
     default). A server runs several sessions at once (a short and a long lane) next to its own
-    Python threads; spinning threads then take the cores the others need."""
+    Python threads; spinning threads then take the cores the others need.
+
+    `shared_arena=True`: activations come from the one process-wide arena, tensor by tensor (no
+    memory pattern), not from an arena of the session's own (see the module docstring)."""
     spec = manifest.onnx.session_options
     options = ort.SessionOptions()
     options.graph_optimization_level = getattr(ort.GraphOptimizationLevel, spec.graph_optimization_level)
@@ -77,6 +107,10 @@ def session_options(
         options.intra_op_num_threads = intra_op_threads
     if spin_wait is not None:
         options.add_session_config_entry("session.intra_op.allow_spinning", "1" if spin_wait else "0")
+    if shared_arena:
+        register_process_arena()
+        options.add_session_config_entry("session.use_env_allocators", "1")
+        options.enable_mem_pattern = False
     return options
 
 
@@ -90,6 +124,7 @@ def load_sessions(
     spin_wait: bool | None = None,
     manifest: Manifest | None = None,
     in_memory_weights: bool = False,
+    shared_arena: bool = False,
 ) -> dict[int, ort.InferenceSession]:
     """{bucket: InferenceSession} for the export dir's ONNX graphs, all over one copy of the weights.
 
@@ -97,6 +132,7 @@ def load_sessions(
     `map_weights`) to reuse a mapping across calls; each session keeps a reference to it. Pass the
     `manifest` when it has been read already (it is read from the dir otherwise).
     `in_memory_weights`: read the weights into private memory rather than map the file (a server).
+    `shared_arena`: activations from the one process-wide arena (a server; see `session_options`).
     """
     export_dir = Path(export_dir)
     manifest = manifest or read_manifest(export_dir)
@@ -107,7 +143,7 @@ def load_sessions(
         if buckets is not None and bucket not in buckets:
             continue
         entry = section.graph(bucket, variant)
-        options = session_options(manifest, intra_op_threads, spin_wait)
+        options = session_options(manifest, intra_op_threads, spin_wait, shared_arena)
         for name in entry.shared_initializers:
             options.add_initializer(name, shared.values[name])
         session = ort.InferenceSession(

@@ -7,8 +7,9 @@ saying which and why (`bigs serve` then exits non-zero: service/server.py), unle
 `skip_failed_models`. Shutdown (SIGTERM through uvicorn) closes admission, lets in-flight requests
 finish, then drains the queues.
 
-Middleware, outermost first: Measure (metrics) → CORS → ApiKey → BodyLimit → the routes; so a
-request without the key costs no body read, and a 401 or 413 carries CORS headers.
+Middleware, outermost first: Measure (metrics) → CORS → ApiKey → BodyLimit → Admit → the routes;
+so a request without the key costs no body read, one refused under overload (429) no JSON parse,
+and a 401, 413 or 429 carries CORS headers.
 """
 
 from __future__ import annotations
@@ -21,8 +22,10 @@ from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
 from fastapi.middleware.cors import CORSMiddleware
+from starlette.routing import Match
 
-from .errors import error_response, install_handlers
+from .admission import Admission
+from .errors import ServiceError, error_response, install_handlers
 from .metrics import ServiceMetrics
 from .routes import api, ops
 from .settings import ServiceSettings
@@ -67,6 +70,7 @@ def create_app(settings: ServiceSettings | None = None, on_fatal: Callable[[str]
     app.include_router(ops)
     app.include_router(api)
     # add_middleware puts each one outside those added before it
+    app.add_middleware(Admit, admission=state.admission, router=app.router)
     app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes, timeout_s=settings.body_timeout_s)
     if settings.api_key:
         app.add_middleware(ApiKey, key=settings.api_key, open_paths=settings.open_paths)
@@ -179,3 +183,30 @@ class BodyLimit:
             body += message.get("body", b"")
             if len(body) > self.max_bytes or not message.get("more_body", False):
                 return body
+
+
+class Admit:
+    """A request permit (service/admission.py) for every inference request (a POST that a route
+    takes: every POST route is one), once its body is in and before it is parsed: under overload,
+    429 costs no JSON parse; before ready or while stopping, 503. Released once the response has
+    been sent. A POST no route takes goes on to its 404 or 405 unadmitted."""
+
+    def __init__(self, app, admission: Admission, router):
+        self.app, self.admission, self.router = app, admission, router
+
+    def _inference(self, scope) -> bool:
+        # the router's own test (path and method), asked before routing: a few dozen comparisons
+        return scope["method"] == "POST" and any(route.matches(scope)[0] == Match.FULL for route in self.router.routes)
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http" or not self._inference(scope):
+            return await self.app(scope, receive, send)
+        try:
+            self.admission.enter()
+        except ServiceError as refused:
+            response = error_response(refused.status, refused.error_type, refused.message, refused.headers)
+            return await response(scope, receive, send)
+        try:
+            await self.app(scope, receive, send)
+        finally:
+            self.admission.leave()

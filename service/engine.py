@@ -4,9 +4,12 @@ A route handler validates the body, asks the service state for the engine, calls
 (`fill_mask`, `classify`, `embed`) and shapes the answer. Everything between lives here, in the
 order a request meets it:
 
-    admit        a permit from the service-wide bound on requests in flight (else 429, Retry-After)
+    (admitted)   the request already holds a permit of the service-wide bound on requests in
+                 flight, taken before its body was parsed (service/admission.py)
     encode       the model's tokenizer, in a worker thread (service/tokenization.py); meanwhile the
                  batcher knows more inputs are on their way (service/batcher.py waits only for those)
+    admit tokens the padded token positions it will cost, against the service-wide bound on tokens
+                 in flight in each lane (else 429, Retry-After)
     submit       one job per input onto the (head, bucket) queues of the batcher (service/buckets.py)
     await        the jobs' futures, watching the request's deadline (504) and the client's disconnect
                  (its queued inputs are then dropped before they cost compute)
@@ -33,6 +36,7 @@ import numpy as np
 
 from export.manifest import Manifest
 
+from .admission import Admission
 from .batcher import DeadlineExceeded, Job, ModelBatcher, RuntimeFailure
 from .buckets import bucket_for
 from .errors import ServiceError
@@ -49,29 +53,6 @@ POSTPROCESS_INLINE_WORK = 200_000
 
 # Returns when the client has gone away (the route knows how to tell; the engine watches for it).
 ClientGone = Callable[[], Awaitable[None]]
-
-
-class Admission:
-    """The service-wide bound on requests in flight: past it, 429 with Retry-After instead of an
-    unbounded queue. Closed (503) until the service is ready and again once it begins to stop."""
-
-    def __init__(self, max_in_flight: int, metrics: ServiceMetrics):
-        self.max_in_flight, self.metrics = max_in_flight, metrics
-        self.in_flight = 0
-        self.open = False
-
-    async def __aenter__(self):
-        if not self.open:
-            raise ServiceError(503, "not_ready", "the service is starting or shutting down", {"Retry-After": "1"})
-        if self.in_flight >= self.max_in_flight:
-            self.metrics.rejected.inc()
-            raise ServiceError(429, "overloaded", "too many requests in flight; retry shortly", {"Retry-After": "1"})
-        self.in_flight += 1
-        self.metrics.in_flight.set(self.in_flight)
-
-    async def __aexit__(self, *_):
-        self.in_flight -= 1
-        self.metrics.in_flight.set(self.in_flight)
 
 
 @dataclass
@@ -115,7 +96,12 @@ class ModelEngine:
         self.problem_type = _config_field(self.export_dir, "problem_type")
         self.tokenizer = RequestTokenizer(self.export_dir / "tokenizer.json", self.max_length)
         self.runtime: Runtime = load_runtime(
-            settings.runtime, self.export_dir, manifest, settings.intra_op_threads, settings.ort_spin_wait
+            settings.runtime,
+            self.export_dir,
+            manifest,
+            settings.intra_op_threads,
+            settings.ort_spin_wait,
+            settings.ort_shared_arena,
         )
         self.batcher = ModelBatcher(name, self.runtime, settings, metrics)
 
@@ -148,12 +134,12 @@ class ModelEngine:
         """Per text: the candidates of its one [MASK], or a list of them per [MASK] when it has several."""
         deadline = self._deadline()
         self._check_count(texts)
-        async with self.admission:
-            target_ids = await self._target_ids(params.targets)
-            encoded = await self._encode(texts, deadline=deadline, fill_mask=True)
-            positions = [self._mask_positions(i, enc) for i, enc in enumerate(encoded)]
-            per_mask = params.top_k if target_ids is None else min(params.top_k, len(target_ids))
-            self._check_candidates(positions, per_mask)
+        target_ids = await self._target_ids(params.targets)
+        encoded = await self._encode(texts, deadline=deadline, fill_mask=True)
+        positions = [self._mask_positions(i, enc) for i, enc in enumerate(encoded)]
+        per_mask = params.top_k if target_ids is None else min(params.top_k, len(target_ids))
+        self._check_candidates(positions, per_mask)
+        with self._admit_tokens(encoded):
             jobs = self._submit("fill-mask", encoded, deadline, positions)
             outputs = await self._await(jobs, client_gone)
             work = sum(
@@ -190,8 +176,8 @@ class ModelEngine:
         deadline = self._deadline()
         self._check_count(items)
         limit = None if documents else min(self.settings.classify_max_length, self.max_length)
-        async with self.admission:
-            encoded = await self._encode(items, params.truncate, documents, limit, deadline)
+        encoded = await self._encode(items, params.truncate, documents, limit, deadline)
+        with self._admit_tokens(encoded):
             jobs = self._submit("classification", encoded, deadline)
             outputs = await self._await(jobs, client_gone)
         function = params.function_to_apply or default_function(self.problem_type, len(self.id2label))
@@ -203,8 +189,8 @@ class ModelEngine:
         """Per text: the mean-pooled embedding, L2-normalised unless asked otherwise."""
         deadline = self._deadline()
         self._check_count(texts)
-        async with self.admission:
-            encoded = await self._encode(texts, params.truncate, deadline=deadline)
+        encoded = await self._encode(texts, params.truncate, deadline=deadline)
+        with self._admit_tokens(encoded):
             jobs = self._submit("embeddings", encoded, deadline)
             outputs = await self._await(jobs, client_gone)
         vectors = np.stack(outputs)
@@ -217,6 +203,16 @@ class ModelEngine:
     def _deadline(self) -> float:
         """The request's deadline, from its arrival at the engine (tokenizing counts against it)."""
         return time.perf_counter() + self.settings.request_timeout_s
+
+    def _admit_tokens(self, encoded: list[Encoded]):
+        """Hold the padded positions these inputs will cost, per lane, against the tokens-in-flight
+        bound (429)."""
+        by_lane: dict[str, int] = {}
+        for enc in encoded:
+            bucket = bucket_for(enc.length, self.buckets)
+            lane = self.batcher.lane_for(bucket).name
+            by_lane[lane] = by_lane.get(lane, 0) + bucket
+        return self.admission.tokens(by_lane)
 
     def _check_count(self, items: list) -> None:
         limit = self.settings.max_inputs_per_request

@@ -16,7 +16,8 @@ from pathlib import Path
 from export.integrity import IntegrityError, require_intact
 from export.manifest import read_manifest
 
-from .engine import Admission, ModelEngine
+from .admission import Admission
+from .engine import ModelEngine
 from .errors import ServiceError
 from .metrics import ServiceMetrics
 from .settings import ServiceSettings
@@ -26,7 +27,7 @@ class ServiceState:
     def __init__(self, settings: ServiceSettings):
         self.settings = settings
         self.metrics = ServiceMetrics()
-        self.admission = Admission(settings.max_in_flight, self.metrics)
+        self.admission = Admission(settings.max_in_flight, settings.max_tokens_in_flight, self.metrics)
         self.models: dict[str, ModelEngine] = {}
         self.ready = False
         self.stopping = False

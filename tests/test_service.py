@@ -22,6 +22,7 @@ import subprocess
 import sys
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
@@ -634,6 +635,71 @@ def test_overload_answers_429(guarded):
         assert c.post("/v1/classify", json={"inputs": "still serving"}).status_code == 200
 
 
+def _in_flight_soon(c: httpx.Client, gauge: str, timeout: float = 30) -> float:
+    """Poll /metrics until `gauge` is non-zero; its value."""
+    deadline = time.perf_counter() + timeout
+    while time.perf_counter() < deadline:
+        value = metric(scrape(c), gauge)
+        if value:
+            return value
+        time.sleep(0.005)
+    raise TimeoutError(f"{gauge} stayed 0")
+
+
+@pytest.mark.slow
+def test_overload_429_is_decided_before_the_body_is_parsed(start_server):
+    """F5: with the one permit taken, a body that is not even JSON is answered 429 (not 422): the
+    permit is checked before the body is parsed; once the permit is free, the same body is 422."""
+    s = start_server(("cls",), BIGS_MAX_IN_FLIGHT="1", BIGS_WARMUP="false")
+    docs = {"inputs": [text_of(1000, seed=i) for i in range(64)]}  # 64 x 1,024 positions: seconds here
+    with httpx.Client(base_url=s.url, timeout=120) as c:
+        with ThreadPoolExecutor(1) as pool:
+            long = pool.submit(c.post, "/v1/documents/classify", json=docs)
+            _in_flight_soon(c, "bigs_requests_in_flight")
+            refused = c.post("/v1/classify", content=b'{"inputs": [not json', headers=J)
+            assert long.result().status_code == 200
+        assert_error(refused, 429, "overloaded")
+        assert refused.headers["retry-after"] == "1"
+        assert_error(c.post("/v1/classify", content=b'{"inputs": [not json', headers=J), 422, "validation")
+
+
+@pytest.mark.slow
+def test_admission_counts_tokens_not_requests(start_server):
+    """F6: past `max_tokens_in_flight` in a lane, a request is refused (429) while a large one holds
+    the lane's positions; the large one, alone, was admitted although over the bound itself. The
+    short lane's requests are not turned away by the long lane's documents."""
+    s = start_server(("cls",), BIGS_MAX_TOKENS_IN_FLIGHT="2048", BIGS_WARMUP="false")
+    docs = {"inputs": [text_of(1000, seed=i) for i in range(64)]}
+    with httpx.Client(base_url=s.url, timeout=120) as c:
+        with ThreadPoolExecutor(1) as pool:
+            long = pool.submit(c.post, "/v1/documents/classify", json=docs)
+            assert _in_flight_soon(c, "bigs_tokens_in_flight") == 64 * 1024
+            refused = c.post("/v1/documents/classify", json={"inputs": text_of(1000)})
+            short = c.post("/v1/classify", json={"inputs": text_of(20)})
+            assert long.result().status_code == 200
+        body = assert_error(refused, 429, "overloaded")
+        assert "token positions" in body["error"] and "long lane" in body["error"]
+        assert refused.headers["retry-after"] == "1"
+        assert short.status_code == 200
+        assert metric(scrape(c), "bigs_rejected_total", bound="tokens") == 1
+        assert metric(scrape(c), "bigs_tokens_in_flight") == 0
+        assert c.post("/v1/classify", json={"inputs": text_of(20)}).status_code == 200
+
+
+@pytest.mark.slow
+def test_warm_up_does_not_pin_an_arena_per_session(start_server):
+    """F13: warmed up, both models' sessions (one per bucket) share one arena. With an arena per
+    session (ort_shared_arena off) each keeps its largest warm-up batch; resident memory, from the
+    service's own process_resident_memory_bytes, shows the difference (0.28 vs 0.76 GB here)."""
+    resident = {}
+    for shared in ("true", "false"):
+        s = start_server(("fill", "cls"), BIGS_ORT_SHARED_ARENA=shared)
+        with httpx.Client(base_url=s.url, timeout=60) as c:
+            resident[shared] = metric(scrape(c), "process_resident_memory_bytes")
+        s.stop()
+    assert resident["true"] < 0.6 * resident["false"], resident
+
+
 @pytest.mark.slow
 def test_deadline_answers_504(start_server):
     s = start_server(("cls",), BIGS_REQUEST_TIMEOUT_S="0.01", BIGS_WARMUP="false")
@@ -1213,7 +1279,8 @@ def test_weights_changed_under_a_running_server_change_no_answer(exports, logs, 
 
 @pytest.mark.slow
 def test_sigterm_past_drain_timeout_answers_what_is_left_503_and_exits(start_server):
-    s = start_server(("cls",), BIGS_WARMUP="false", BIGS_DRAIN_TIMEOUT_S="1")
+    # all eight admitted: 8 x 64 x 1,024 token positions in the long lane, over the default max_tokens_in_flight
+    s = start_server(("cls",), BIGS_WARMUP="false", BIGS_DRAIN_TIMEOUT_S="1", BIGS_MAX_TOKENS_IN_FLIGHT="600000")
     docs = [text_of(1000, seed=300 + i) for i in range(64)]  # 4 batches of 16 x 1024 per request
     requests = [("/v1/documents/classify", {"inputs": docs}) for _ in range(8)]  # far over 1 s here
     results: list = []

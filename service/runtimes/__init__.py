@@ -33,12 +33,17 @@ class Runtime(Protocol):
 
 
 def load_runtime(
-    kind: str, export_dir: str | Path, manifest: Manifest, intra_op_threads: int = 0, ort_spin_wait: bool = False
+    kind: str,
+    export_dir: str | Path,
+    manifest: Manifest,
+    intra_op_threads: int = 0,
+    ort_spin_wait: bool = False,
+    ort_shared_arena: bool = True,
 ) -> Runtime:
     if kind == "onnx":
         from .onnx import OnnxRuntime
 
-        return OnnxRuntime(export_dir, manifest, intra_op_threads, ort_spin_wait)
+        return OnnxRuntime(export_dir, manifest, intra_op_threads, ort_spin_wait, ort_shared_arena)
     if kind == "stablehlo":
         from .stablehlo import StableHLORuntime
 

@@ -21,7 +21,14 @@ def available_providers() -> list[str]:
 class OnnxRuntime:
     kind = "onnx"
 
-    def __init__(self, export_dir: str | Path, manifest: Manifest, intra_op_threads: int = 0, spin_wait: bool = False):
+    def __init__(
+        self,
+        export_dir: str | Path,
+        manifest: Manifest,
+        intra_op_threads: int = 0,
+        spin_wait: bool = False,
+        shared_arena: bool = True,
+    ):
         self.heads = list(manifest.heads)
         self.sessions = load_sessions(  # one graph per bucket serves every head: outputs chosen per call
             export_dir,
@@ -30,6 +37,7 @@ class OnnxRuntime:
             spin_wait=spin_wait,
             manifest=manifest,
             in_memory_weights=True,  # a weights file changed under the server changes nothing (no SIGBUS)
+            shared_arena=shared_arena,  # warm-up does not pin an arena per session (export/onnx_runtime.py)
         )
         self.buckets = sorted(self.sessions)
         first = self.sessions[self.buckets[0]]
