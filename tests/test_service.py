@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import random
 import re
 import shutil
@@ -38,7 +37,6 @@ from service_fixtures import (  # noqa: E402
     _clean_env,
     assert_error,
     assert_same,
-    build_exports,
     free_port,
     masked_text,
     metric,
@@ -52,19 +50,7 @@ NAMES = {"fill": "mlm", "cls": "cls"}  # served name -> export
 # -- session fixtures ------------------------------------------------------------------------
 
 
-@pytest.fixture(scope="session")
-def exports(tmp_path_factory) -> dict[str, Path]:
-    keep = os.environ.get("SERVICE_TEST_EXPORTS")
-    root = Path(keep) if keep else tmp_path_factory.mktemp("service-models")
-    outs = {name: root / f"export-{name}" for name in ("mlm", "cls")}
-    if not all((out / "manifest.json").is_file() for out in outs.values()):
-        outs = build_exports(root)
-    return {**outs, "art-mlm": root / "art-mlm", "art-cls": root / "art-cls"}
-
-
-@pytest.fixture(scope="session")
-def logs(tmp_path_factory) -> Path:
-    return tmp_path_factory.mktemp("service-logs")
+# `exports` (the tiny exported models) and `logs` are session fixtures of tests/conftest.py.
 
 
 def served(exports, *names: str) -> dict[str, Path]:
