@@ -88,6 +88,11 @@ def respond(answer: Answer, many: bool, started: float) -> JSONResponse:
     return JSONResponse(answer.content if many else answer.content[0], headers=answer.headers(started))
 
 
+def body_examples(examples: dict) -> dict:
+    """`openapi_extra` for a JSON body's named examples (shown in /docs)."""
+    return {"requestBody": {"content": {"application/json": {"examples": examples}}}}
+
+
 def validated(model: type[BaseModel], body) -> BaseModel:
     """`body` as `model`, or the same 422 a route's own body would get."""
     try:
@@ -118,6 +123,14 @@ is scored once."""
     description=FILL_MASK_DESCRIPTION,
     # per input: candidates of its one [MASK], or a list of them per [MASK]; a list of inputs, a list of those
     responses={200: {"model": FillMaskAnswer | list[FillMaskAnswer]}},
+    openapi_extra=body_examples(
+        {
+            "one": {"value": {"inputs": "the cat sat on the [MASK].", "parameters": {"top_k": 3}}},
+            "targets": {
+                "value": {"inputs": "she made [MASK] for her friend", "parameters": {"targets": ["tea", "cake"]}}
+            },
+        }
+    ),
 )
 async def fill_mask(body: FillMaskRequest, request: Request):
     started = time.perf_counter()
@@ -144,11 +157,6 @@ CLASSIFY_EXAMPLES = {
     "pair": {"value": {"inputs": {"text": "is it sunny?", "text_pair": "yes it is."}}},
     "list": {"value": {"inputs": ["a bird", "the tree under a blue sky"], "parameters": {"truncate": True}}},
 }
-
-
-def body_examples(examples: dict) -> dict:
-    """`openapi_extra` for a JSON body's named examples (shown in /docs)."""
-    return {"requestBody": {"content": {"application/json": {"examples": examples}}}}
 
 
 @api.post(
