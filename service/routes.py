@@ -210,6 +210,7 @@ async def embed(body: EmbedRequest, request: Request):
     tags=["OpenAI"],
 )
 async def openai_embeddings(body: OpenAIEmbeddingsRequest, request: Request):
+    started = time.perf_counter()
     engine = service(request).engine_for(body.model, "embeddings")
     inputs = body.input
     items = [inputs] if isinstance(inputs, str) or isinstance(inputs[0], int) else list(inputs)
@@ -218,12 +219,13 @@ async def openai_embeddings(body: OpenAIEmbeddingsRequest, request: Request):
         vectors = [base64.b64encode(np.asarray(v, "<f4").tobytes()).decode("ascii") for v in answer.content]
     else:
         vectors = answer.content
-    return {
+    content = {
         "object": "list",
         "data": [{"object": "embedding", "index": i, "embedding": v} for i, v in enumerate(vectors)],
         "model": engine.name,
         "usage": {"prompt_tokens": answer.tokens, "total_tokens": answer.tokens},
     }
+    return JSONResponse(content, headers=answer.headers(started))
 
 
 @api.get(
