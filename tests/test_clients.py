@@ -311,3 +311,54 @@ def test_docs_pages_load_only_local_assets_and_those_are_served(http, page):
         assert url.startswith("/"), url
         asset = http.get(url)
         assert asset.status_code == 200 and asset.content, url
+
+
+# -- /rerank with a reranker served: cross-scoring ------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def reranker_export(tmp_path_factory):
+    """A single-label classifier (a reranker's shape), untrained, exported to ONNX at bucket 128."""
+    import subprocess
+    import sys
+
+    from service_fixtures import ROOT, _clean_env
+
+    root = tmp_path_factory.mktemp("reranker")
+    for args in (
+        ["init", str(root / "art"), "--task", "classification", "--labels", "relevant", "--hidden-size", "64",
+         "--layers", "2", "--max-length", "128"],
+        ["export", str(root / "art"), str(root / "out"), "--buckets", "128", "--formats", "onnx"],
+    ):  # fmt: skip
+        done = subprocess.run(
+            [sys.executable, "-m", "bigs_cli", *args], cwd=ROOT, env=_clean_env(), capture_output=True
+        )
+        assert done.returncode == 0, done.stderr.decode()[-2000:]
+    return root / "out"
+
+
+@pytest.mark.slow
+def test_tei_rerank_cross_scores_pairs_when_a_reranker_is_served(exports, logs, reranker_export):
+    s = Server({"rr": reranker_export, "cls": exports["cls"]}, logs, "reranker")
+    try:
+        s.wait_ready()
+        with httpx.Client(base_url=s.url, timeout=60) as http:
+            query, texts = "a cat on a mat", TEXTS
+            pairs = [{"text": query, "text_pair": text} for text in texts]
+            body = {"inputs": pairs, "model": "rr", "parameters": {"function_to_apply": "none"}}
+            logits = [labels[0]["score"] for labels in http.post("/v1/classify", json=body).json()]
+            want = 1 / (1 + np.exp(-np.asarray(logits)))
+            ranks = http.post("/rerank", json={"query": query, "texts": texts}).json()
+            assert sorted(r["index"] for r in ranks) == [0, 1, 2]
+            assert [r["score"] for r in ranks] == sorted((r["score"] for r in ranks), reverse=True)
+            np.testing.assert_allclose([r["score"] for r in ranks], want[[r["index"] for r in ranks]], atol=1e-6)
+            raw = http.post("/rerank", json={"query": query, "texts": texts, "raw_scores": True}).json()
+            np.testing.assert_allclose(
+                [r["score"] for r in raw], np.asarray(logits)[[r["index"] for r in raw]], atol=1e-5
+            )
+            # the default model (the first served) is the reranker
+            info = http.get("/info").json()
+            assert info["model_id"] == "rr"
+            assert info["model_type"] == {"reranker": {"id2label": {"0": "relevant"}, "label2id": {"relevant": 0}}}
+    finally:
+        s.stop()
