@@ -378,7 +378,7 @@ async def tei_default(request: Request):
         raise ServiceError(415, "unsupported_media_type", message)
     try:
         body = await request.json()
-    except ValueError:
+    except (ValueError, RecursionError):  # not JSON, or nested deeper than the decoder goes
         raise ServiceError(422, "validation", "the body is not valid JSON") from None
     if "classification" in engine.heads:
         return await _tei_predict(engine, validated(TEIPredictRequest, body), request)

@@ -185,7 +185,10 @@ class ErrorBody(BaseModel):
 
 # -- OpenAI embeddings --------------------------------------------------------------------------
 
-TokenIds = Annotated[list[Annotated[int, Field(strict=True, ge=0)]], Field(min_length=1)]
+# A ceiling on one list of token ids, far above any model's length (4,096), so that validation stops
+# at the length of a list of a million ids; the model's own limit is the engine's (413).
+MAX_TOKEN_IDS = 65536
+TokenIds = Annotated[list[Annotated[int, Field(strict=True, ge=0)]], Field(min_length=1, max_length=MAX_TOKEN_IDS)]
 """Token ids of the model's own vocabulary (as /tokenize answers), the model's whole input: taken as
 given ([CLS]/[SEP] included when wanted), never truncated."""
 

@@ -266,6 +266,8 @@ BAD = {  # id: (path, httpx kwargs, status, error_type)
     "root-text-plain": ("/", {"content": b'{"inputs": "x"}', "headers": {"content-type": "text/plain"}}, 415, "unsupported_media_type"),
     "root-wrong-shape": ("/", {"json": {"query": "x"}}, 422, "validation"),
     "root-list-body": ("/", {"json": ["x"]}, 422, "validation"),
+    "root-deep-nesting": ("/", {"content": b"[" * 100000 + b"]" * 100000, "headers": J}, 422, "validation"),
+    "oai-million-ids": ("/v1/embeddings", {"json": {"model": "cls", "input": [1] * 1_000_000}}, 422, "validation"),
 }  # fmt: skip
 
 

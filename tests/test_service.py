@@ -347,7 +347,8 @@ def odd_bodies(seed: int = 0) -> list[bytes]:
             return rng.choice(scalars)
         if roll < 0.75:
             return [value(depth + 1) for _ in range(rng.randint(0, 3))]
-        keys = ["inputs", "parameters", "model", "top_k", "targets", "text", "text_pair", "truncate", "zz"]
+        keys = ["inputs", "parameters", "model", "top_k", "targets", "text", "text_pair", "truncate", "zz", "input",
+                "query", "texts", "ids", "raw_scores", "encoding_format", "dimensions"]  # fmt: skip
         return {rng.choice(keys): value(depth + 1) for _ in range(rng.randint(0, 3))}
 
     bodies = [json.dumps(value()).encode() for _ in range(16)]
@@ -374,10 +375,14 @@ def odd_bodies(seed: int = 0) -> list[bytes]:
     return bodies
 
 
+FUZZED = ("/v1/fill-mask", "/v1/classify", "/v1/documents/classify", "/v1/embed", "/v1/embeddings")
+FUZZED += ("/embed", "/predict", "/rerank", "/tokenize", "/decode", "/")  # text-embeddings-inference's
+
+
 @pytest.mark.slow
 def test_fuzz_never_5xx(client):
     for body in odd_bodies():
-        for path in ("/v1/fill-mask", "/v1/classify", "/v1/documents/classify", "/v1/embed"):
+        for path in FUZZED:
             response = client.post(path, content=body, headers=J)
             assert response.status_code < 500, (path, body[:200], response.status_code, response.text[:300])
             if response.status_code >= 400:
