@@ -1,7 +1,8 @@
 """The inference facade: one `ModelEngine` per served model, the middle of every request's path.
 
 A route handler validates the body, asks the service state for the engine, calls ONE method of it
-(`fill_mask`, `classify`, `embed`) and shapes the answer. Everything between lives here, in the
+(`fill_mask`, `classify`, `embed`; `rerank`, built on `classify` or `embed`; `tokenize` and `decode`,
+the model's tokenizer alone) and shapes the answer. Everything between lives here, in the
 order a request meets it:
 
     admit        a permit from the service-wide bound on requests in flight (else 429, Retry-After)

@@ -1,6 +1,10 @@
 """HTTP routes. A handler validates (the pydantic body), picks the model's engine, calls it once
 and shapes the answer in the wire format; the request's path between those lives in the engine
 (service/engine.py): admit → encode → submit → await → postprocess.
+
+Three wire formats over the same engine methods (docs/DESIGN.md §4.8): the Hugging Face Inference
+API's under /v1 (`api`), OpenAI's /v1/embeddings and /v1/models (`api`), and text-embeddings-
+inference's /embed, /predict, /rerank, /tokenize, /decode, /info and POST / (`tei`).
 """
 
 from __future__ import annotations

@@ -1,9 +1,11 @@
 """Request and response bodies, in wire formats clients already speak.
 
-Requests are `{"inputs": …, "parameters": {…}, "model": optional name}` as in the Hugging Face
-Inference API. Fill-mask answers `[{"sequence","score","token","token_str"}]`, classification
-answers `[{"label","score"}]` sorted by score, as `transformers.pipeline` does. Truncation follows
-TEI: `truncate` (default false) cuts inputs longer than the model instead of answering 413.
+Requests under /v1 are `{"inputs": …, "parameters": {…}, "model": optional name}` as in the Hugging
+Face Inference API. Fill-mask answers `[{"sequence","score","token","token_str"}]`, classification
+answers a list of `[{"label","score"}]` sorted by score per input, as the Inference API does.
+Truncation follows TEI: `truncate` (default false) cuts inputs longer than the model instead of
+answering 413. OpenAI's embeddings and model list, and text-embeddings-inference's (TEI) routes,
+have their own bodies below, in those services' JSON.
 
 Inputs are strict: numbers must be JSON numbers (`top_k` an integer: not "5", 5.0 or true), switches
 JSON booleans (`truncate`: not "yes" or 1). Lists are bounded here, so that pydantic stops at their
