@@ -265,10 +265,10 @@ def served_models(host: str, api_key: str) -> list[str]:
     headers = {"authorization": f"Bearer {api_key}"} if api_key else {}
     try:
         with urllib.request.urlopen(urllib.request.Request(f"{host}/v1/models", headers=headers), timeout=10) as r:
-            cards = json.loads(r.read())["models"]
+            cards = json.loads(r.read())["data"]  # OpenAI's list shape
     except (OSError, ValueError, KeyError):
         return []
-    return [f"{c['name']} ({', '.join(c['tasks'])}; max {c['max_length']} tokens; {c['runtime']})" for c in cards]
+    return [f"{c['id']} ({', '.join(c['tasks'])}; max {c['max_length']} tokens; {c['runtime']})" for c in cards]
 
 
 def report(args: argparse.Namespace, locust_rc: int | None) -> int:

@@ -221,9 +221,11 @@ def _served_models(host: str, headers: dict, timeout: float = 120) -> dict[str, 
             raise SystemExit(f"{host} not ready after {timeout:.0f} s")
         time.sleep(1)
     with urllib.request.urlopen(urllib.request.Request(f"{host}/v1/models", headers=headers), timeout=30) as r:
-        cards = json.loads(r.read())["models"]
+        cards = json.loads(r.read())["data"]  # OpenAI's list shape
     tasks: dict[str, dict] = {}
     for card in cards:
+        if card.get("status") == "failed":
+            continue
         for t in card["tasks"]:
             tasks.setdefault(t, card)
     return tasks
@@ -248,7 +250,7 @@ def _on_init(environment, **_):
         for lo, hi in ((8, 128), (8, 256), (8, 512), (LONG_RANGE[0], LONG_RANGE[1])):
             texts(task_name, *capped(lo, hi, card["max_length"]), random.Random(0), mask=task_name == "fill-mask")
     print(f"locustfile: corpus of {Shared.corpus.n} tokens, text pools built in {time.perf_counter() - started:.1f} s; "
-          f"serving {{task: model}} = { {t: c['name'] for t, c in Shared.models.items()} }")  # fmt: skip
+          f"serving {{task: model}} = { {t: c['id'] for t, c in Shared.models.items()} }")  # fmt: skip
 
 
 @events.test_start.add_listener
@@ -325,7 +327,7 @@ class BiGSUser(HttpUser):
         card = Shared.models[task_name]
         lo, hi = capped(lo, hi, card["max_length"])
         text, tokens = texts(task_name, lo, hi, self.rng, mask)
-        body = {"inputs": text, "model": card["name"], **(extra or {})}
+        body = {"inputs": text, "model": card["id"], **(extra or {})}
         context = {"endpoint": endpoint, "band": band_of(tokens), "tokens": tokens}
         name = f"{endpoint} {context['band']}"
         with self.client.post(endpoint, json=body, name=name, context=context, headers=Shared.headers,
@@ -352,7 +354,8 @@ def check_answer(task_name: str, body, card: dict) -> str | None:
         )
     elif task_name == "classification":
         labels = set(card.get("labels") or [])
-        ok = isinstance(body, list) and {c.get("label") for c in body} == labels
+        # one input: one list of labels, nested ([[{label, score}, …]])
+        ok = isinstance(body, list) and len(body) == 1 and {c.get("label") for c in body[0]} == labels
     else:
         ok = isinstance(body, dict) and len(body.get("embeddings", [])) == 1
     return None if ok else f"unexpected answer: {json.dumps(body)[:200]}"

@@ -161,6 +161,7 @@ SMOKE_URL="http://127.0.0.1:$PORT" SMOKE_MODELS="${names[*]}" READY_TIMEOUT=$REA
 import json
 import math
 import os
+import re
 import subprocess
 import sys
 import time
@@ -232,8 +233,10 @@ check(status == 200 and json.loads(raw) == {"status": "ok"}, "GET /health")
 status, _, raw = call("GET", "/ready")
 check(status == 200 and sorted(json.loads(raw)["models"]) == EXPECTED, f"GET /ready lists {EXPECTED}")
 status, _, raw = call("GET", "/v1/models")
-cards = json.loads(raw)["models"] if status == 200 else []
-check(sorted(c["name"] for c in cards) == EXPECTED, f"GET /v1/models lists {EXPECTED}")
+listing = json.loads(raw) if status == 200 else {}
+cards = listing.get("data", [])
+check(listing.get("object") == "list" and sorted(c["id"] for c in cards) == EXPECTED,
+      f"GET /v1/models lists {EXPECTED} (OpenAI list shape)")
 status, headers, raw = call("GET", "/metrics")
 check(status == 200 and b"# TYPE" in raw, "GET /metrics (Prometheus text)")
 
@@ -246,7 +249,7 @@ def words(n):
 
 
 for card in cards:
-    name, tasks, max_length = card["name"], card["tasks"], card["max_length"]
+    name, tasks, max_length = card["id"], card["tasks"], card["max_length"]
     print(f"smoke: model {name}: tasks {tasks}, buckets {card['buckets']}, runtime {card['runtime']}", file=sys.stderr)
     if "fill-mask" in tasks:
         out = post("/v1/fill-mask", {"inputs": "paris is the [MASK] of france.", "model": name,
@@ -264,14 +267,14 @@ for card in cards:
     if "classification" in tasks:
         labels = set(card["labels"] or [])
         out = post("/v1/classify", {"inputs": "a fine and sunny day.", "model": name}, name)
-        check(isinstance(out, list) and {o["label"] for o in out} == labels
-              and all(0 <= o["score"] <= 1 for o in out), f"classify: a score for each of {sorted(labels)}")
+        check(isinstance(out, list) and len(out) == 1 and {o["label"] for o in out[0]} == labels
+              and all(0 <= o["score"] <= 1 for o in out[0]), f"classify: [[a score for each of {sorted(labels)}]]")
         out = post("/v1/classify", {"inputs": [{"text": "is it sunny?", "text_pair": "yes it is."}, "rain."],
                                     "model": name, "parameters": {"top_k": 1}}, f"{name}, pair + text, top_k 1")
         check(len(out) == 2 and all(len(o) == 1 and o[0]["label"] in labels for o in out), "classify batch, top_k 1")
         out = post("/v1/documents/classify", {"inputs": words(max_length - 2), "model": name},
                    f"{name}, one document of {max_length} tokens")
-        check({o["label"] for o in out} == labels, "documents/classify: every label scored")
+        check({o["label"] for o in out[0]} == labels, "documents/classify: every label scored")
         status, _, raw = call("POST", "/v1/documents/classify", {"inputs": words(max_length + 10), "model": name})
         check(status == 413 and json.loads(raw).get("error_type") == "too_long",
               f"documents/classify over {max_length} tokens -> 413 too_long")
@@ -281,6 +284,21 @@ for card in cards:
         check(len(vectors) == 2 and all(len(v) == dim for v in vectors)
               and all(abs(math.sqrt(sum(x * x for x in v)) - 1) < 1e-3 for v in vectors),
               f"embed: 2 unit vectors of {dim} dimensions")
+        out = post("/v1/embeddings", {"model": name, "input": ["first text.", "second."]}, f"{name}, OpenAI format")
+        check(out["object"] == "list" and [d["index"] for d in out["data"]] == [0, 1]
+              and len(out["data"][0]["embedding"]) == dim and out["usage"]["prompt_tokens"] > 0,
+              "v1/embeddings: OpenAI's list of 2 embeddings with usage")
+
+out = post("/embed", {"inputs": "first text."}, "TEI")
+check(isinstance(out, list) and len(out) == 1 and all(isinstance(x, float) for x in out[0]), "TEI /embed: [[…]]")
+status, _, raw = call("POST", "/tokenize", {"inputs": "first text."})
+out = json.loads(raw) if status == 200 else [[{}]]
+check(out[0][0].get("special") and [t["text"] for t in out[0][1:-1]] == ["first", "text", "."], "TEI /tokenize")
+for page in ("/docs", "/redoc"):  # served from the image itself, no CDN
+    status, _, raw = call("GET", page)
+    assets = re.findall(r'(?:src|href)="([^"]+)"', raw.decode())
+    check(status == 200 and assets and all(a.startswith("/") and call("GET", a)[0] == 200 for a in assets),
+          f"GET {page}: its scripts and styles come from the service")
 
 status, _, raw = call("POST", "/v1/fill-mask", {"inputs": 42})
 check(status == 422 and set(json.loads(raw)) == {"error", "error_type"}, "bad request -> 422 JSON error")

@@ -22,14 +22,23 @@ from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
 from fastapi.middleware.cors import CORSMiddleware
+from fastapi_offline import FastAPIOffline
 from starlette.routing import Match
 
 from .admission import Admission
 from .errors import ServiceError, error_response, install_handlers
 from .metrics import ServiceMetrics
-from .routes import api, ops
+from .routes import VERSION, api, ops, tei
 from .settings import ServiceSettings
 from .state import LoadFailed, ServiceState, one_line
+
+DESCRIPTION = """Fill-mask, classification, long-document classification and embeddings with BiGS, the
+attention-free bidirectional gated SSM encoder.
+
+Three wire formats: the Hugging Face Inference API's under `/v1/` (fill-mask, classify, embed),
+OpenAI's `POST /v1/embeddings` and `GET /v1/models`, and text-embeddings-inference's `/embed`,
+`/predict`, `/rerank`, `/tokenize`, `/decode`, `/info` and `POST /`. With `BIGS_API_KEY` set, every
+route but /health and /ready needs `Authorization: Bearer <key>`."""
 
 
 def create_app(settings: ServiceSettings | None = None, on_fatal: Callable[[str], None] | None = None) -> FastAPI:
@@ -58,17 +67,19 @@ def create_app(settings: ServiceSettings | None = None, on_fatal: Callable[[str]
         await loading
         await state.stop()
 
-    app = FastAPI(
+    # /docs (Swagger UI) and /redoc load their scripts and styles from the service itself
+    # (/static-offline-docs, the assets packaged in fastapi-offline), never from a CDN: they work offline.
+    app: FastAPI = FastAPIOffline(
         title="BiGS serving",
-        version="0.1.0",
-        description="Fill-mask, classification, long-document classification and embeddings with BiGS, "
-        "the attention-free bidirectional gated SSM encoder.",
+        version=VERSION,
+        description=DESCRIPTION,
         lifespan=lifespan,
     )
     app.state.service = state
     install_handlers(app)
     app.include_router(ops)
     app.include_router(api)
+    app.include_router(tei)
     # add_middleware puts each one outside those added before it
     app.add_middleware(Admit, admission=state.admission, router=app.router)
     app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes, timeout_s=settings.body_timeout_s)

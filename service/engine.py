@@ -1,7 +1,8 @@
 """The inference facade: one `ModelEngine` per served model, the middle of every request's path.
 
 A route handler validates the body, asks the service state for the engine, calls ONE method of it
-(`fill_mask`, `classify`, `embed`) and shapes the answer. Everything between lives here, in the
+(`fill_mask`, `classify`, `embed`; `rerank`, built on `classify` or `embed`; `tokenize` and `decode`,
+the model's tokenizer alone) and shapes the answer. Everything between lives here, in the
 order a request meets it:
 
     (admitted)   the request already holds a permit of the service-wide bound on requests in
@@ -62,6 +63,11 @@ class Answer:
     content: list
     jobs: list[Job]
 
+    @property
+    def tokens(self) -> int:
+        """The inputs' tokens, special tokens included, padding not (OpenAI's `usage.prompt_tokens`)."""
+        return sum(job.encoded.length for job in self.jobs)
+
     def headers(self, started: float) -> dict[str, str]:
         """The slowest input's queue and inference time, the total since `started`, tokens computed."""
         return {
@@ -104,10 +110,13 @@ class ModelEngine:
             settings.ort_shared_arena,
         )
         self.batcher = ModelBatcher(name, self.runtime, settings, metrics)
+        self.loaded_at = int(time.time())
+        self.dimensions = manifest.model.hidden_size
 
     def card(self) -> ModelCard:
         return ModelCard(
-            name=self.name,
+            id=self.name,
+            created=self.loaded_at,
             tasks=self.heads,  # the public API's word for a head
             labels=[self.id2label[i] for i in sorted(self.id2label)] if self.id2label else None,
             max_length=self.max_length,
@@ -185,8 +194,24 @@ class ModelEngine:
             [classification_scores(logits, self.id2label, function, params.top_k) for logits in outputs], jobs
         )
 
-    async def embed(self, texts: list[str], params: EmbedParameters, client_gone: ClientGone) -> Answer:
-        """Per text: the mean-pooled embedding, L2-normalised unless asked otherwise."""
+    async def embed(
+        self,
+        texts: list[str | list[int]],
+        params: EmbedParameters,
+        client_gone: ClientGone,
+        dimensions: int | None = None,
+    ) -> Answer:
+        """Per text (or list of token ids): the mean-pooled embedding, L2-normalised unless asked otherwise.
+        `dimensions` (OpenAI, TEI): only the model's own size. Cutting a vector and renormalising it is
+        meaningful only for a model trained for it (Matryoshka); these embeddings are not, so another
+        size is refused (400) rather than answered with vectors that look right and are not."""
+        if dimensions is not None and dimensions != self.dimensions:
+            raise ServiceError(
+                400,
+                "unsupported_dimensions",
+                f"model {self.name!r} gives {self.dimensions}-dimensional embeddings and they are not trained "
+                f"to be shortened: ask for dimensions={self.dimensions} or leave dimensions out",
+            )
         deadline = self._deadline()
         self._check_count(texts)
         encoded = await self._encode(texts, params.truncate, deadline=deadline)
@@ -197,6 +222,36 @@ class ModelEngine:
         if params.normalize:
             vectors = l2_normalize(vectors)
         return Answer(vectors.tolist(), jobs)
+
+    async def rerank(
+        self, query: str, texts: list[str], cross: bool, raw_scores: bool, truncate: bool, client_gone: ClientGone
+    ) -> tuple[list[float], Answer]:
+        """A score per text for `query`, in the texts' order. `cross`: this model classifies (query, text)
+        pairs with one label (a reranker): its sigmoid, or the logit with `raw_scores`. Otherwise the
+        cosine similarity of the query's and each text's mean-pooled embedding."""
+        if cross:
+            function = "none" if raw_scores else "sigmoid"
+            params = ClassifyParameters(function_to_apply=function, truncate=truncate)
+            answer = await self.classify([(query, text) for text in texts], params, client_gone)
+            return [labels[0]["score"] for labels in answer.content], answer
+        answer = await self.embed([query, *texts], EmbedParameters(normalize=True, truncate=truncate), client_gone)
+        vectors = np.asarray(answer.content)
+        return (vectors[1:] @ vectors[0]).tolist(), answer
+
+    async def tokenize(self, texts: list[str], add_special_tokens: bool) -> list[list[dict]]:
+        """Per text, its tokens (TEI's /tokenize), in a worker thread: texts are bounded only by the body."""
+        self._check_count(texts)
+        return await asyncio.to_thread(self.tokenizer.tokens, texts, add_special_tokens)
+
+    async def decode(self, sequences: list[list[int]], skip_special_tokens: bool) -> list[str]:
+        """Per list of token ids, its text (TEI's /decode); 422 for an id outside the vocabulary."""
+        self._check_count(sequences)
+        try:
+            for ids in sequences:
+                self.tokenizer.check_ids(ids)
+        except ValueError as error:
+            raise ServiceError(422, "validation", str(error)) from None
+        return await asyncio.to_thread(lambda: [self.tokenizer.decode(ids, skip_special_tokens) for ids in sequences])
 
     # -- the stages -------------------------------------------------------------------------
 
@@ -254,6 +309,8 @@ class ModelEngine:
                 f"input {error.index} has {error.counted}; /v1/classify takes at most {limit} "
                 "(use /v1/documents/classify for long documents, or set truncate)",
             ) from None
+        except ValueError as error:  # a token id outside the vocabulary
+            raise ServiceError(422, "validation", str(error)) from None
 
     def _mask_positions(self, index: int, encoded: Encoded) -> np.ndarray:
         found = np.flatnonzero(encoded.input_ids == self.tokenizer.mask_token_id)

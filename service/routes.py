@@ -1,31 +1,56 @@
 """HTTP routes. A handler validates (the pydantic body), picks the model's engine, calls it once
 and shapes the answer in the wire format; the request's path between those lives in the engine
 (service/engine.py): admit → encode → submit → await → postprocess.
+
+Three wire formats over the same engine methods (docs/DESIGN.md §4.8): the Hugging Face Inference
+API's under /v1 (`api`), OpenAI's /v1/embeddings and /v1/models (`api`), and text-embeddings-
+inference's /embed, /predict, /rerank, /tokenize, /decode, /info and POST / (`tei`).
 """
 
 from __future__ import annotations
 
+import base64
 import time
 
-from fastapi import APIRouter, Request
+import numpy as np
+from fastapi import APIRouter, Depends, Request
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
+from fastapi.security import HTTPBearer
+from pydantic import BaseModel, ValidationError
 
 from .engine import Answer
+from .errors import ServiceError
 from .schemas import (
+    ClassifyParameters,
     ClassifyRequest,
     DocumentClassifyRequest,
+    EmbedParameters,
     EmbedRequest,
     EmbedResponse,
     ErrorBody,
     FillMaskCandidate,
     FillMaskRequest,
     LabelScore,
+    ModelCard,
     ModelsResponse,
+    OpenAIEmbeddingsRequest,
+    OpenAIEmbeddingsResponse,
+    TEIDecodeRequest,
+    TEIEmbedRequest,
+    TEIInfo,
+    TEIPredictRequest,
+    TEIRank,
+    TEIRerankRequest,
+    TEIToken,
+    TEITokenizeRequest,
+    tei_items,
 )
 from .state import ServiceState
 
 FillMaskAnswer = list[FillMaskCandidate] | list[list[FillMaskCandidate]]
-ERRORS = {code: {"model": ErrorBody} for code in (400, 401, 413, 422, 429, 500, 503, 504)}
+ERRORS = {code: {"model": ErrorBody} for code in (400, 401, 413, 415, 422, 429, 500, 503, 504)}
+VERSION = "0.1.0"
 
 
 def service(request: Request) -> ServiceState:
@@ -33,9 +58,15 @@ def service(request: Request) -> ServiceState:
 
 
 # The API key is checked by the ApiKey middleware (service/app.py), before the body is read, on every
-# path but `open_paths` (/health, /ready): /v1/*, /metrics, /docs and /openapi.json alike.
-api = APIRouter(prefix="/v1", responses=ERRORS)
-ops = APIRouter()
+# path but `open_paths` (/health, /ready): /v1/*, the TEI routes, /metrics, /docs and /openapi.json
+# alike. This dependency only declares the scheme in the OpenAPI document (auto_error off: the
+# middleware has already answered 401 when a key is set and missing).
+bearer = Depends(
+    HTTPBearer(auto_error=False, description="`Authorization: Bearer <key>`, needed when BIGS_API_KEY is set")
+)
+api = APIRouter(prefix="/v1", responses=ERRORS, dependencies=[bearer])
+tei = APIRouter(responses=ERRORS, dependencies=[bearer], tags=["text-embeddings-inference"])
+ops = APIRouter(tags=["operations"])
 
 
 # -- transport helpers ----------------------------------------------------------------------
@@ -61,6 +92,19 @@ def respond(answer: Answer, many: bool, started: float) -> JSONResponse:
     return JSONResponse(answer.content if many else answer.content[0], headers=answer.headers(started))
 
 
+def body_examples(examples: dict) -> dict:
+    """`openapi_extra` for a JSON body's named examples (shown in /docs)."""
+    return {"requestBody": {"content": {"application/json": {"examples": examples}}}}
+
+
+def validated(model: type[BaseModel], body) -> BaseModel:
+    """`body` as `model`, or the same 422 a route's own body would get."""
+    try:
+        return model.model_validate(body)
+    except ValidationError as error:
+        raise RequestValidationError(error.errors()) from None
+
+
 # -- endpoints ------------------------------------------------------------------------------
 
 
@@ -83,6 +127,14 @@ is scored once."""
     description=FILL_MASK_DESCRIPTION,
     # per input: candidates of its one [MASK], or a list of them per [MASK]; a list of inputs, a list of those
     responses={200: {"model": FillMaskAnswer | list[FillMaskAnswer]}},
+    openapi_extra=body_examples(
+        {
+            "one": {"value": {"inputs": "the cat sat on the [MASK].", "parameters": {"top_k": 3}}},
+            "targets": {
+                "value": {"inputs": "she made [MASK] for her friend", "parameters": {"targets": ["tea", "cake"]}}
+            },
+        }
+    ),
 )
 async def fill_mask(body: FillMaskRequest, request: Request):
     started = time.perf_counter()
@@ -95,17 +147,29 @@ async def fill_mask(body: FillMaskRequest, request: Request):
 async def _classify(body: ClassifyRequest, request: Request, documents: bool):
     started = time.perf_counter()
     engine = service(request).engine_for(body.model, "classification")
-    items, many = as_list(body.inputs)
+    items, _ = as_list(body.inputs)
     pairs = [item if isinstance(item, str) else (item.text, item.text_pair) if item.text_pair else item.text
              for item in items]  # fmt: skip
     answer = await engine.classify(pairs, body.parameters, watch_disconnect(request), documents)
-    return respond(answer, many, started)
+    # One list of labels per input, for one input too: [[{label, score}, …]], as the Inference API answers
+    # (InferenceClient.text_classification reads the first list).
+    return JSONResponse(answer.content, headers=answer.headers(started))
+
+
+CLASSIFY_EXAMPLES = {
+    "text": {"value": {"inputs": "the dog ran in the park", "parameters": {"top_k": 3}}},
+    "pair": {"value": {"inputs": {"text": "is it sunny?", "text_pair": "yes it is."}}},
+    "list": {"value": {"inputs": ["a bird", "the tree under a blue sky"], "parameters": {"truncate": True}}},
+}
 
 
 @api.post(
     "/classify",
     summary="Classify texts or text pairs (Hugging Face text-classification format)",
-    responses={200: {"model": list[LabelScore] | list[list[LabelScore]]}},
+    description="One list of `{label, score}` per input, highest score first: `[[…]]` for one input too, "
+    "as the Inference API and `InferenceClient.text_classification` have it.",
+    response_model=list[list[LabelScore]],
+    openapi_extra=body_examples(CLASSIFY_EXAMPLES),
 )
 async def classify(body: ClassifyRequest, request: Request):
     return await _classify(body, request, documents=False)
@@ -114,13 +178,21 @@ async def classify(body: ClassifyRequest, request: Request):
 @api.post(
     "/documents/classify",
     summary="Classify whole documents up to the model's maximum length (4,096 tokens) in one forward pass",
-    responses={200: {"model": list[LabelScore] | list[list[LabelScore]]}},
+    response_model=list[list[LabelScore]],
+    openapi_extra=body_examples(
+        {"document": {"value": {"inputs": {"text": "a long report …", "text_pair": "is it about sport?"}}}}
+    ),
 )
 async def classify_documents(body: DocumentClassifyRequest, request: Request):
     return await _classify(body, request, documents=True)
 
 
-@api.post("/embed", summary="Mean-pooled embeddings", responses={200: {"model": EmbedResponse}})
+@api.post(
+    "/embed",
+    summary="Mean-pooled embeddings",
+    response_model=EmbedResponse,
+    openapi_extra=body_examples({"texts": {"value": {"inputs": ["the cat sat", "a dog ran"]}}}),
+)
 async def embed(body: EmbedRequest, request: Request):
     started = time.perf_counter()
     engine = service(request).engine_for(body.model, "embeddings")
@@ -131,22 +203,214 @@ async def embed(body: EmbedRequest, request: Request):
     return JSONResponse(content, headers=answer.headers(started))
 
 
-@api.get("/models", response_model=ModelsResponse, summary="Models served, their tasks, labels and buckets")
+@api.post(
+    "/embeddings",
+    summary="Embeddings (OpenAI format)",
+    description="OpenAI's `POST /v1/embeddings`: `input` a text, texts, token ids of this model's vocabulary "
+    "(as /tokenize gives them, the whole input: [CLS] and [SEP] included) or lists of them; `encoding_format` "
+    "float or base64 (little-endian float32); vectors are L2-normalised. `dimensions`: only the model's own "
+    "size (the embeddings are not trained to be shortened; another size is 400). Inputs are never truncated.",
+    response_model=OpenAIEmbeddingsResponse,
+    tags=["OpenAI"],
+)
+async def openai_embeddings(body: OpenAIEmbeddingsRequest, request: Request):
+    started = time.perf_counter()
+    engine = service(request).engine_for(body.model, "embeddings")
+    inputs = body.input
+    items = [inputs] if isinstance(inputs, str) or isinstance(inputs[0], int) else list(inputs)
+    answer = await engine.embed(items, EmbedParameters(), watch_disconnect(request), body.dimensions)
+    if body.encoding_format == "base64":
+        vectors = [base64.b64encode(np.asarray(v, "<f4").tobytes()).decode("ascii") for v in answer.content]
+    else:
+        vectors = answer.content
+    content = {
+        "object": "list",
+        "data": [{"object": "embedding", "index": i, "embedding": v} for i, v in enumerate(vectors)],
+        "model": engine.name,
+        "usage": {"prompt_tokens": answer.tokens, "total_tokens": answer.tokens},
+    }
+    return JSONResponse(content, headers=answer.headers(started))
+
+
+@api.get(
+    "/models",
+    response_model=ModelsResponse,
+    response_model_exclude_none=True,
+    summary="Models served (OpenAI list format), with their tasks, labels and buckets",
+    description="`{object: list, data: [{id, object: model, created, owned_by, status, tasks, labels, "
+    "max_length, buckets, runtime}]}`; with skip_failed_models a model that failed to load is listed with "
+    "`status: failed` and its `error`.",
+    tags=["OpenAI"],
+)
 async def list_models(request: Request):
     state = service(request)
-    listing = ModelsResponse(models=[engine.card() for engine in state.models.values()])
-    if not state.failed:
-        return listing
-    failed = [{"name": name, "status": "failed", "error": reason} for name, reason in state.failed.items()]
-    return JSONResponse({**listing.model_dump(mode="json"), "failed": failed})  # skip_failed_models
+    cards = [engine.card() for engine in state.models.values()]
+    cards += [ModelCard(id=name, created=state.created, status="failed", error=reason)
+              for name, reason in state.failed.items()]  # fmt: skip
+    return ModelsResponse(data=cards)
 
 
-@ops.get("/health", summary="Liveness: the process answers")
+# -- text-embeddings-inference routes ----------------------------------------------------------
+# Same JSON as huggingface/text-embeddings-inference. Which served model answers: /embed the first
+# served model with embeddings, /predict the first with classification, /rerank see below;
+# /tokenize, /decode, /info and POST / the first served model (the default model).
+
+
+@tei.post("/embed", summary="Embeddings (TEI)", response_model=list[list[float]])
+async def tei_embed(body: TEIEmbedRequest, request: Request):
+    engine = service(request).engine_for(None, "embeddings")
+    return await _tei_embed(engine, body, request)
+
+
+async def _tei_embed(engine, body: TEIEmbedRequest, request: Request) -> JSONResponse:
+    started = time.perf_counter()
+    items, _ = tei_items(body.inputs)
+    params = EmbedParameters(normalize=body.normalize, truncate=body.truncating)
+    answer = await engine.embed(items, params, watch_disconnect(request), body.dimensions)
+    return JSONResponse(answer.content, headers=answer.headers(started))  # one vector per input, always
+
+
+@tei.post(
+    "/predict",
+    summary="Classify a text, a pair or a batch (TEI)",
+    description="A text or a pair `[text, text_pair]` gets a list of `{label, score}`, a batch a list of them. "
+    "`raw_scores`: the logits instead of softmax / sigmoid scores.",
+    response_model=list[LabelScore] | list[list[LabelScore]],
+)
+async def tei_predict(body: TEIPredictRequest, request: Request):
+    engine = service(request).engine_for(None, "classification")
+    return await _tei_predict(engine, body, request)
+
+
+async def _tei_predict(engine, body: TEIPredictRequest, request: Request) -> JSONResponse:
+    started = time.perf_counter()
+    inputs = body.inputs
+    one = isinstance(inputs, str) or isinstance(inputs[0], str)  # a text, or one pair
+    items = [inputs] if one else inputs
+    pairs = [item if isinstance(item, str) else item[0] if len(item) == 1 else (item[0], item[1]) for item in items]
+    params = ClassifyParameters(function_to_apply="none" if body.raw_scores else None, truncate=body.truncating)
+    answer = await engine.classify(pairs, params, watch_disconnect(request))
+    return respond(answer, not one, started)
+
+
+@tei.post(
+    "/rerank",
+    summary="Rank texts against a query (TEI)",
+    description="`[{index, score, text?}]`, highest score first. Scoring: where a classifier with a single "
+    "label is served (a reranker), it cross-scores each (query, text) pair: the sigmoid of its logit, or the "
+    "logit with `raw_scores`. Otherwise the cosine similarity of the query's and each text's mean-pooled, "
+    "L2-normalised embedding from the first served model with embeddings (`raw_scores` changes nothing).",
+    response_model=list[TEIRank],
+    response_model_exclude_none=True,
+)
+async def tei_rerank(body: TEIRerankRequest, request: Request):
+    started = time.perf_counter()
+    engine, cross = service(request).reranker()
+    scores, answer = await engine.rerank(
+        body.query, body.texts, cross, body.raw_scores, body.truncating, watch_disconnect(request)
+    )
+    order = sorted(range(len(scores)), key=lambda i: -scores[i])
+    ranks = [{"index": i, "score": scores[i], **({"text": body.texts[i]} if body.return_text else {})} for i in order]
+    return JSONResponse(ranks, headers=answer.headers(started))
+
+
+@tei.post("/tokenize", summary="Tokenize texts (TEI)", response_model=list[list[TEIToken]])
+async def tei_tokenize(body: TEITokenizeRequest, request: Request):
+    texts, _ = tei_items(body.inputs)
+    return await service(request).default_engine().tokenize(texts, body.add_special_tokens)
+
+
+@tei.post("/decode", summary="Decode token ids (TEI)", response_model=list[str])
+async def tei_decode(body: TEIDecodeRequest, request: Request):
+    sequences = [body.ids] if isinstance(body.ids[0], int) else body.ids
+    return await service(request).default_engine().decode(sequences, body.skip_special_tokens)
+
+
+@tei.get("/info", summary="The default model and the service's limits (TEI)", response_model=TEIInfo,
+         response_model_exclude_none=True)  # fmt: skip
+async def tei_info(request: Request):
+    state = service(request)
+    engine = state.default_engine()
+    settings = state.settings
+    if "classification" in engine.heads:
+        labels = {str(i): label for i, label in sorted(engine.id2label.items())}
+        classifier = {"id2label": labels, "label2id": {label: int(i) for i, label in labels.items()}}
+        model_type = {"reranker" if len(labels) == 1 else "classifier": classifier}
+    else:
+        model_type = {"embedding": {"pooling": "mean"}}
+    return {
+        "model_id": engine.name,
+        "model_dtype": "float32",
+        "model_type": model_type,
+        "max_concurrent_requests": settings.max_in_flight,
+        "max_input_length": engine.max_length,
+        "max_batch_tokens": settings.max_batch_tokens,
+        "max_batch_requests": settings.max_batch_size,
+        "max_client_batch_size": settings.max_inputs_per_request,
+        "auto_truncate": False,
+        "tokenization_workers": 1,
+        "version": VERSION,
+    }
+
+
+@tei.post(
+    "/",
+    summary="The default model's task (TEI)",
+    description="The first served model's task: /predict's request and answer when it classifies, else /embed's.",
+    response_model=list[list[float]] | list[LabelScore] | list[list[LabelScore]],
+    openapi_extra={
+        "requestBody": {
+            "required": True,
+            "content": {
+                "application/json": {
+                    "schema": {
+                        "oneOf": [
+                            {"$ref": "#/components/schemas/TEIEmbedRequest"},
+                            {"$ref": "#/components/schemas/TEIPredictRequest"},
+                        ]
+                    }
+                }
+            },
+        }
+    },
+)
+async def tei_default(request: Request):
+    engine = service(request).default_engine()
+    content_type = request.headers.get("content-type", "")
+    if "json" not in content_type:
+        message = f"send the body as JSON with Content-Type: application/json (got {content_type or 'none'!r})"
+        raise ServiceError(415, "unsupported_media_type", message)
+    try:
+        body = await request.json()
+    except (ValueError, RecursionError):  # not JSON, or nested deeper than the decoder goes
+        raise ServiceError(422, "validation", "the body is not valid JSON") from None
+    if "classification" in engine.heads:
+        return await _tei_predict(engine, validated(TEIPredictRequest, body), request)
+    return await _tei_embed(engine, validated(TEIEmbedRequest, body), request)
+
+
+class Health(BaseModel):
+    status: str
+
+
+class Ready(BaseModel):
+    status: str
+    models: list[str]
+    failed: dict[str, str] | None = None
+
+
+@ops.get("/health", summary="Liveness: the process answers", response_model=Health)
 async def health():
     return {"status": "ok"}
 
 
-@ops.get("/ready", summary="Readiness: models loaded and every batch shape warmed up")
+@ops.get(
+    "/ready",
+    summary="Readiness: models loaded and every batch shape warmed up",
+    response_model=Ready,
+    response_model_exclude_none=True,
+    responses={503: {"model": ErrorBody, "description": "loading, warming up or shutting down"}},
+)
 async def ready(request: Request):
     state = service(request)
     if not state.ready:
@@ -157,11 +421,17 @@ async def ready(request: Request):
     return {"status": "ready", "models": list(state.models)}
 
 
-@ops.get("/metrics", summary="Prometheus metrics")
+@ops.get(
+    "/metrics",
+    summary="Prometheus metrics",
+    dependencies=[bearer],
+    response_class=PlainTextResponse,
+    responses={200: {"content": {"text/plain": {"schema": {"type": "string"}}}}},
+)
 async def metrics(request: Request):
     return Response(service(request).metrics.exposition(), media_type="text/plain; version=0.0.4")
 
 
-@ops.get("/", include_in_schema=False)
+@ops.get("/", include_in_schema=False)  # POST / is TEI's default route
 async def root():
     return PlainTextResponse("BiGS serving: see /docs\n")

@@ -1,9 +1,11 @@
 """Request and response bodies, in wire formats clients already speak.
 
-Requests are `{"inputs": …, "parameters": {…}, "model": optional name}` as in the Hugging Face
-Inference API. Fill-mask answers `[{"sequence","score","token","token_str"}]`, classification
-answers `[{"label","score"}]` sorted by score, as `transformers.pipeline` does. Truncation follows
-TEI: `truncate` (default false) cuts inputs longer than the model instead of answering 413.
+Requests under /v1 are `{"inputs": …, "parameters": {…}, "model": optional name}` as in the Hugging
+Face Inference API. Fill-mask answers `[{"sequence","score","token","token_str"}]`, classification
+answers a list of `[{"label","score"}]` sorted by score per input, as the Inference API does.
+Truncation follows TEI: `truncate` (default false) cuts inputs longer than the model instead of
+answering 413. OpenAI's embeddings and model list, and text-embeddings-inference's (TEI) routes,
+have their own bodies below, in those services' JSON.
 
 Inputs are strict: numbers must be JSON numbers (`top_k` an integer: not "5", 5.0 or true), switches
 JSON booleans (`truncate`: not "yes" or 1). Lists are bounded here, so that pydantic stops at their
@@ -156,18 +158,264 @@ class EmbedResponse(BaseModel):
 
 
 class ModelCard(BaseModel):
-    name: str
-    tasks: list[str]
-    labels: list[str] | None
-    max_length: int
-    buckets: list[int]
-    runtime: str
+    """One served model as an item of OpenAI's model list, with this service's fields besides."""
+
+    id: str
+    object: Literal["model"] = "model"
+    created: int = Field(description="when the model was loaded (Unix seconds)")
+    owned_by: str = "bigs-serving"
+    status: Literal["ready", "failed"] = "ready"
+    tasks: list[str] = Field(default_factory=list, description="the heads it serves")
+    labels: list[str] | None = None
+    max_length: int | None = None
+    buckets: list[int] | None = None
+    runtime: str | None = None
+    error: str | None = Field(None, description="why it failed to load (skip_failed_models)")
 
 
 class ModelsResponse(BaseModel):
-    models: list[ModelCard]
+    """OpenAI's list shape: `{"object": "list", "data": [model, …]}`."""
+
+    object: Literal["list"] = "list"
+    data: list[ModelCard]
 
 
 class ErrorBody(BaseModel):
     error: str
     error_type: str
+
+
+# -- OpenAI embeddings --------------------------------------------------------------------------
+
+# A ceiling on one list of token ids, far above any model's length (4,096), so that validation stops
+# at the length of a list of a million ids; the model's own limit is the engine's (413).
+MAX_TOKEN_IDS = 65536
+TokenIds = Annotated[list[Annotated[int, Field(strict=True, ge=0)]], Field(min_length=1, max_length=MAX_TOKEN_IDS)]
+"""Token ids of the model's own vocabulary (as /tokenize answers), the model's whole input: taken as
+given ([CLS]/[SEP] included when wanted), never truncated."""
+
+
+class OpenAIEmbeddingsRequest(BaseModel):
+    model_config = ConfigDict(
+        extra="ignore",  # OpenAI clients may send fields of newer API versions (e.g. "user")
+        json_schema_extra={"examples": [{"model": "bigs-mini", "input": ["the cat sat", "a dog ran"]}]},
+    )
+
+    model: str = Field(..., description="a served model's id (GET /v1/models)")
+    input: (
+        str
+        | TokenIds
+        | Annotated[list[str], Field(min_length=1, max_length=MAX_LIST_INPUTS)]
+        | Annotated[list[TokenIds], Field(min_length=1, max_length=MAX_LIST_INPUTS)]
+    ) = Field(..., description="a text, a list of texts, token ids, or a list of token-id lists")
+    encoding_format: Literal["float", "base64"] = Field(
+        "float", description="base64: each vector as little-endian float32 bytes, base64-encoded"
+    )
+    dimensions: StrictInt | None = Field(
+        None, ge=1, description="only the model's own size: its embeddings are not trained to be cut"
+    )
+    user: str | None = None
+
+    @field_validator("input")
+    @classmethod
+    def check_input(cls, value):
+        for item in [value] if isinstance(value, str) else value:
+            if isinstance(item, str):
+                _not_blank(item)
+        return value
+
+
+class OpenAIEmbedding(BaseModel):
+    object: Literal["embedding"] = "embedding"
+    index: int
+    embedding: list[float] | str
+
+
+class OpenAIUsage(BaseModel):
+    prompt_tokens: int
+    total_tokens: int
+
+
+class OpenAIEmbeddingsResponse(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[OpenAIEmbedding]
+    model: str
+    usage: OpenAIUsage
+
+
+# -- text-embeddings-inference (TEI) --------------------------------------------------------------
+
+
+class _TEIBody(_Body):
+    truncate: StrictBool | None = Field(False, description="cut inputs longer than the model instead of 413")
+    truncation_direction: Literal["right", "Right"] = Field(
+        "right", description="only right: inputs are cut at their end"
+    )
+
+    @property
+    def truncating(self) -> bool:
+        return bool(self.truncate)
+
+
+TEIInput = str | TokenIds
+TEIInputs = TEIInput | Annotated[list[TEIInput], Field(min_length=1, max_length=MAX_LIST_INPUTS)]
+
+
+def _check_texts(items) -> None:
+    for item in items:
+        if isinstance(item, str):
+            _not_blank(item)
+
+
+class TEIEmbedRequest(_TEIBody):
+    model_config = ConfigDict(
+        extra="forbid", json_schema_extra={"examples": [{"inputs": ["the cat sat", "a dog ran"], "normalize": True}]}
+    )
+
+    inputs: TEIInputs
+    normalize: StrictBool = True
+    prompt_name: None = Field(None, description="no prompts are configured: leave it out")
+    dimensions: StrictInt | None = Field(None, ge=1, description="only the model's own size")
+
+    @field_validator("inputs")
+    @classmethod
+    def check_inputs(cls, value):
+        _check_texts([value] if isinstance(value, str) or _is_ids(value) else value)
+        return value
+
+
+def _is_ids(value) -> bool:
+    return isinstance(value, list) and bool(value) and all(isinstance(v, int) for v in value)
+
+
+def tei_items(inputs) -> tuple[list, bool]:
+    """TEI inputs as a list, and whether they were a batch: a text or one list of token ids is one input."""
+    if isinstance(inputs, str) or _is_ids(inputs):
+        return [inputs], False
+    return list(inputs), True
+
+
+NonBlank = Annotated[str, Field(min_length=1)]
+PredictPair = Annotated[list[str], Field(min_length=1, max_length=2)]
+
+
+class TEIPredictRequest(_TEIBody):
+    model_config = ConfigDict(
+        extra="forbid",
+        json_schema_extra={
+            "examples": [
+                {"inputs": "What is deep learning?"},
+                {"inputs": ["What is deep learning?", "Deep learning is ..."]},
+                {"inputs": [["a single text"], ["a text", "its pair"]], "raw_scores": False},
+            ]
+        },
+    )
+
+    inputs: str | PredictPair | Annotated[list[PredictPair], Field(min_length=1, max_length=MAX_LIST_INPUTS)] = Field(
+        ..., description="a text, a pair [text, text_pair], or a batch of [text] and [text, text_pair]"
+    )
+    raw_scores: StrictBool = Field(False, description="the logits, not softmax / sigmoid scores")
+
+    @field_validator("inputs")
+    @classmethod
+    def check_inputs(cls, value):
+        if isinstance(value, list) and value and isinstance(value[0], str) and len(value) != 2:
+            raise ValueError("a pair is [text, text_pair]; a batch is a list of [text] or [text, text_pair]")
+        for item in [value] if isinstance(value, str) else value:
+            _check_texts([item] if isinstance(item, str) else item[:1])
+            if isinstance(item, list) and len(item) == 2:
+                _encodable(item[1])
+        return value
+
+
+class TEIRerankRequest(_TEIBody):
+    model_config = ConfigDict(
+        extra="forbid",
+        json_schema_extra={
+            "examples": [{"query": "what is a cat?", "texts": ["a cat is a small pet", "the sky is blue"]}]
+        },
+    )
+
+    query: str
+    texts: Annotated[list[str], Field(min_length=1, max_length=MAX_LIST_INPUTS)]
+    return_text: StrictBool = False
+    raw_scores: StrictBool = Field(False, description="cross-scoring: the logit, not its sigmoid")
+
+    @field_validator("query")
+    @classmethod
+    def check_query(cls, value):
+        return _not_blank(value)
+
+    @field_validator("texts")
+    @classmethod
+    def check_texts(cls, value):
+        _check_texts(value)
+        return value
+
+
+class TEIRank(BaseModel):
+    index: int
+    score: float
+    text: str | None = None
+
+
+class TEITokenizeRequest(_Body):
+    model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [{"inputs": "the cat sat"}]})
+
+    inputs: str | Annotated[list[str], Field(min_length=1, max_length=MAX_LIST_INPUTS)]
+    add_special_tokens: StrictBool = True
+    prompt_name: None = Field(None, description="no prompts are configured: leave it out")
+
+    @field_validator("inputs")
+    @classmethod
+    def check_inputs(cls, value):
+        for text in [value] if isinstance(value, str) else value:
+            _encodable(text)
+        return value
+
+
+class TEIToken(BaseModel):
+    id: int
+    text: str
+    special: bool
+    start: int | None
+    stop: int | None
+
+
+class TEIDecodeRequest(_Body):
+    model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [{"ids": [101, 1996, 4937, 102]}]})
+
+    ids: TokenIds | Annotated[list[TokenIds], Field(min_length=1, max_length=MAX_LIST_INPUTS)]
+    skip_special_tokens: StrictBool = True
+
+
+class TEIClassifierModel(BaseModel):
+    id2label: dict[str, str]
+    label2id: dict[str, int]
+
+
+class TEIEmbeddingModel(BaseModel):
+    pooling: str
+
+
+class TEIModelType(BaseModel):
+    classifier: TEIClassifierModel | None = None
+    embedding: TEIEmbeddingModel | None = None
+    reranker: TEIClassifierModel | None = None
+
+
+class TEIInfo(BaseModel):
+    model_id: str
+    model_sha: str | None = None
+    model_dtype: str
+    model_type: TEIModelType
+    max_concurrent_requests: int
+    max_input_length: int
+    max_batch_tokens: int
+    max_batch_requests: int | None = None
+    max_client_batch_size: int
+    auto_truncate: bool
+    tokenization_workers: int
+    version: str
+    sha: str | None = None
+    docker_label: str | None = None

@@ -33,11 +33,15 @@ class ServiceState:
         self.stopping = False
         self.load_error: str | None = None  # why the service will not become ready (public: no paths)
         self.failed: dict[str, str] = {}  # models that failed to load (skip_failed_models): name -> reason
+        self.created = int(time.time())  # a failed model's `created` in /v1/models (it has no load time)
+
+    def require_ready(self) -> None:
+        if not self.ready:  # models appear one by one during warm-up: say "not ready", not "unknown model"
+            raise ServiceError(503, "not_ready", "the service is starting or shutting down", {"Retry-After": "1"})
 
     def engine_for(self, name: str | None, head: str) -> ModelEngine:
         """The engine of the model named, or the first served that has `head`; 503 until ready."""
-        if not self.ready:  # models appear one by one during warm-up: say "not ready", not "unknown model"
-            raise ServiceError(503, "not_ready", "the service is starting or shutting down", {"Retry-After": "1"})
+        self.require_ready()
         if name is not None:
             engine = self.models.get(name)
             if engine is None and name in self.failed:
@@ -53,6 +57,22 @@ class ServiceState:
             if head in engine.heads:
                 return engine
         raise ServiceError(400, "unsupported_task", f"no model served here does {head}")
+
+    def default_engine(self) -> ModelEngine:
+        """The first model served (in the order of `models`): the one the TEI routes that name no task
+        (/tokenize, /decode, /info, POST /) use."""
+        self.require_ready()
+        return next(iter(self.models.values()))
+
+    def reranker(self) -> tuple[ModelEngine, bool]:
+        """The engine /rerank uses and whether it cross-scores: the first served classifier with a single
+        label (a reranker: scores (query, text) pairs), else the first served model with embeddings
+        (cosine similarity)."""
+        self.require_ready()
+        for engine in self.models.values():
+            if "classification" in engine.heads and len(engine.id2label or {}) == 1:
+                return engine, True
+        return self.engine_for(None, "embeddings"), False
 
     def load(self) -> None:
         """Blocking: load every model and warm every shape (runs in a worker thread).

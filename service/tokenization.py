@@ -88,30 +88,68 @@ class RequestTokenizer:
 
     def encode(
         self,
-        inputs: list[str | tuple[str, str]],
+        inputs: list[str | tuple[str, str] | list[int]],
         truncate: bool = False,
         documents: bool = False,
         max_length: int | None = None,
     ) -> list[Encoded]:
         """Encode texts or (text, text_pair) pairs up to `max_length` tokens (default: the model's);
-        raises TooLong (→ 413) unless `truncate`."""
+        raises TooLong (→ 413) unless `truncate`. A list of ints is token ids of this vocabulary, the
+        model's whole input as given (as /tokenize answers, [CLS] and [SEP] included): never cut."""
         limit = min(max_length or self.max_length, self.max_length)
-        inputs = [self._bounded(index, item, limit, truncate, documents) for index, item in enumerate(inputs)]
+        given = {i: self.from_ids(item, limit, i) for i, item in enumerate(inputs) if isinstance(item, list)}
+        texts = [i for i in range(len(inputs)) if i not in given]  # the indices of texts and pairs
+        items = [self._bounded(i, inputs[i], limit, truncate, documents) for i in texts]
         tokenizer = self.plain
         if truncate:
             tokenizer = self.truncating("only_first" if documents else "longest_first", limit)
         try:
-            encodings = tokenizer.encode_batch(inputs, add_special_tokens=True)
+            encodings = tokenizer.encode_batch(items, add_special_tokens=True) if items else []
         except Exception:  # "only_first" cannot cut enough when the query after a document is itself too long
             if not truncate:
                 raise
-            self._raise_untruncatable(tokenizer, inputs, limit)
-        encoded = []
-        for index, enc in enumerate(encodings):
+            self._raise_untruncatable(tokenizer, items, limit, texts)
+        for index, enc in zip(texts, encodings, strict=True):
             if len(enc.ids) > limit:
                 raise TooLong(len(enc.ids), limit, index)
-            encoded.append(Encoded(np.asarray(enc.ids, np.int64), np.asarray(enc.type_ids, np.int64)))
-        return encoded
+            given[index] = Encoded(np.asarray(enc.ids, np.int64), np.asarray(enc.type_ids, np.int64))
+        return [given[i] for i in range(len(inputs))]
+
+    def from_ids(self, ids: list[int], limit: int, index: int) -> Encoded:
+        """Token ids as the model's input; ValueError for an id outside the vocabulary, TooLong past `limit`."""
+        try:
+            self.check_ids(ids)
+        except ValueError as error:
+            raise ValueError(f"input {index}: {error}") from None
+        if len(ids) > limit:
+            raise TooLong(len(ids), limit, index, "Token-id inputs are never truncated: send fewer ids.")
+        return Encoded(np.asarray(ids, np.int64), np.zeros(len(ids), np.int64))
+
+    def tokens(self, texts: list[str], add_special_tokens: bool = True) -> list[list[dict]]:
+        """Per text, its tokens as text-embeddings-inference lists them: id, text (the span of the
+        input it came from; a special token's own text), special, start and stop (character offsets,
+        None for a special token)."""
+        result = []
+        for text, enc in zip(texts, self.plain.encode_batch(texts, add_special_tokens=add_special_tokens), strict=True):
+            tokens = []
+            for token_id, token, (start, stop), special in zip(
+                enc.ids, enc.tokens, enc.offsets, enc.special_tokens_mask, strict=True
+            ):
+                if special:
+                    tokens.append({"id": token_id, "text": token, "special": True, "start": None, "stop": None})
+                else:
+                    tokens.append(
+                        {"id": token_id, "text": text[start:stop], "special": False, "start": start, "stop": stop}
+                    )
+            result.append(tokens)
+        return result
+
+    def check_ids(self, ids: list[int]) -> None:
+        """ValueError for an id outside the vocabulary (the decoder would skip it without a word)."""
+        vocab = self.plain.get_vocab_size(with_added_tokens=True)
+        bad = next((i for i in ids if not 0 <= i < vocab), None)
+        if bad is not None:
+            raise ValueError(f"token id {bad} is outside this model's vocabulary (0 to {vocab - 1})")
 
     # -- texts far over the limit: refused (or cut) without tokenizing them whole -----------------
 
@@ -170,8 +208,8 @@ class RequestTokenizer:
                 return start + step
         return None
 
-    def _raise_untruncatable(self, tokenizer: Tokenizer, inputs: list, limit: int) -> None:
-        for index, item in enumerate(inputs):
+    def _raise_untruncatable(self, tokenizer: Tokenizer, inputs: list, limit: int, indices: list[int]) -> None:
+        for index, item in zip(indices, inputs, strict=True):
             try:
                 tokenizer.encode(*(item if isinstance(item, tuple) else (item,)), add_special_tokens=True)
             except Exception:

@@ -141,3 +141,27 @@ def s4d_params():
         return dict(log_step=log_step, A_re=A_re, A_im=A_im, C=C)
 
     return make
+
+
+# -- the service's tiny exported models (tests/service_fixtures.py), shared by every service test module --
+
+
+@pytest.fixture(scope="session")
+def exports(tmp_path_factory):
+    """{"mlm", "cls": export dirs, "art-mlm", "art-cls": their artifacts}; built once per session, or kept
+    between runs in SERVICE_TEST_EXPORTS."""
+    from pathlib import Path
+
+    from service_fixtures import build_exports
+
+    keep = os.environ.get("SERVICE_TEST_EXPORTS")
+    root = Path(keep) if keep else tmp_path_factory.mktemp("service-models")
+    outs = {name: root / f"export-{name}" for name in ("mlm", "cls")}
+    if not all((out / "manifest.json").is_file() for out in outs.values()):
+        outs = build_exports(root)
+    return {**outs, "art-mlm": root / "art-mlm", "art-cls": root / "art-cls"}
+
+
+@pytest.fixture(scope="session")
+def logs(tmp_path_factory):
+    return tmp_path_factory.mktemp("service-logs")

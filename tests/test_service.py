@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import random
 import re
 import shutil
@@ -39,7 +38,6 @@ from service_fixtures import (  # noqa: E402
     _clean_env,
     assert_error,
     assert_same,
-    build_exports,
     free_port,
     masked_text,
     metric,
@@ -53,19 +51,7 @@ NAMES = {"fill": "mlm", "cls": "cls"}  # served name -> export
 # -- session fixtures ------------------------------------------------------------------------
 
 
-@pytest.fixture(scope="session")
-def exports(tmp_path_factory) -> dict[str, Path]:
-    keep = os.environ.get("SERVICE_TEST_EXPORTS")
-    root = Path(keep) if keep else tmp_path_factory.mktemp("service-models")
-    outs = {name: root / f"export-{name}" for name in ("mlm", "cls")}
-    if not all((out / "manifest.json").is_file() for out in outs.values()):
-        outs = build_exports(root)
-    return {**outs, "art-mlm": root / "art-mlm", "art-cls": root / "art-cls"}
-
-
-@pytest.fixture(scope="session")
-def logs(tmp_path_factory) -> Path:
-    return tmp_path_factory.mktemp("service-logs")
+# `exports` (the tiny exported models) and `logs` are session fixtures of tests/conftest.py.
 
 
 def served(exports, *names: str) -> dict[str, Path]:
@@ -199,13 +185,16 @@ def test_classify_equals_pipeline(client, pipelines, case):
     response = client.post(path, json={"inputs": inputs, "parameters": params})
     assert response.status_code == 200, response.text
     want = pipelines["cls"](inputs, **pipe_args)
-    assert_same(response.json(), want, tol=1e-4)
-    scores = [item["score"] for item in (response.json() if case != "list" else response.json()[0])]
+    # one list of labels per input, nested for one input too (the Inference API's shape)
+    assert_same(response.json(), want if case == "list" else [want], tol=1e-4)
+    scores = [item["score"] for item in response.json()[0]]
     assert scores == sorted(scores, reverse=True)
 
 
 def test_models_and_embed(client):
-    cards = {card["name"]: card for card in client.get("/v1/models").json()["models"]}
+    listing = client.get("/v1/models").json()
+    assert listing["object"] == "list" and all(card["object"] == "model" for card in listing["data"])
+    cards = {card["id"]: card for card in listing["data"]}
     assert cards["cls"]["labels"] == ["a", "b", "c"] and cards["cls"]["buckets"] == [128, 512, 1024]
     assert "fill-mask" in cards["fill"]["tasks"] and cards["fill"]["runtime"] == "onnx"
     one = client.post("/v1/embed", json={"inputs": "the cat sat", "model": "fill"}).json()
@@ -359,7 +348,8 @@ def odd_bodies(seed: int = 0) -> list[bytes]:
             return rng.choice(scalars)
         if roll < 0.75:
             return [value(depth + 1) for _ in range(rng.randint(0, 3))]
-        keys = ["inputs", "parameters", "model", "top_k", "targets", "text", "text_pair", "truncate", "zz"]
+        keys = ["inputs", "parameters", "model", "top_k", "targets", "text", "text_pair", "truncate", "zz", "input",
+                "query", "texts", "ids", "raw_scores", "encoding_format", "dimensions"]  # fmt: skip
         return {rng.choice(keys): value(depth + 1) for _ in range(rng.randint(0, 3))}
 
     bodies = [json.dumps(value()).encode() for _ in range(16)]
@@ -386,10 +376,14 @@ def odd_bodies(seed: int = 0) -> list[bytes]:
     return bodies
 
 
+FUZZED = ("/v1/fill-mask", "/v1/classify", "/v1/documents/classify", "/v1/embed", "/v1/embeddings")
+FUZZED += ("/embed", "/predict", "/rerank", "/tokenize", "/decode", "/")  # text-embeddings-inference's
+
+
 @pytest.mark.slow
 def test_fuzz_never_5xx(client):
     for body in odd_bodies():
-        for path in ("/v1/fill-mask", "/v1/classify", "/v1/documents/classify", "/v1/embed"):
+        for path in FUZZED:
             response = client.post(path, content=body, headers=J)
             assert response.status_code < 500, (path, body[:200], response.status_code, response.text[:300])
             if response.status_code >= 400:
@@ -859,7 +853,7 @@ def runtime_probe() -> list[tuple[str, dict]]:
 def test_runtimes_agree_with_onnx(client, start_server, runtime):
     other = start_server(("fill", "cls"), BIGS_RUNTIME=runtime, BIGS_WARMUP="false")
     with httpx.Client(base_url=other.url, timeout=300) as c:
-        cards = c.get("/v1/models").json()["models"]
+        cards = c.get("/v1/models").json()["data"]
         assert {card["runtime"] for card in cards} == {runtime}
         for path, body in runtime_probe():
             want = client.post(path, json=body)
@@ -1079,8 +1073,9 @@ def test_with_skip_failed_models_the_others_are_served_and_the_failed_one_report
             assert set(ready["failed"]) == {"bad", "gone"}
             assert "sha256 mismatch" in ready["failed"]["bad"] and "not found" in ready["failed"]["gone"]
             listing = c.get("/v1/models").json()
-            assert [card["name"] for card in listing["models"]] == ["fill"]
-            assert {(f["name"], f["status"]) for f in listing["failed"]} == {("bad", "failed"), ("gone", "failed")}
+            cards = {(card["id"], card["status"]) for card in listing["data"]}
+            assert cards == {("fill", "ready"), ("bad", "failed"), ("gone", "failed")}
+            assert all(card["error"] for card in listing["data"] if card["status"] == "failed")
             assert str(tmp_path) not in json.dumps(ready) + json.dumps(listing)  # no paths in public answers
             failed = c.post("/v1/fill-mask", json={"inputs": "a [MASK]", "model": "bad"})
             assert "sha256 mismatch" in assert_error(failed, 503, "model_failed")["error"]
