@@ -89,7 +89,38 @@ def create_app(settings: ServiceSettings | None = None, on_fatal: Callable[[str]
         app.add_middleware(CORSMiddleware, allow_origins=settings.cors_origins, allow_methods=["GET", "POST"],
                            allow_headers=["Authorization", "Content-Type"])  # fmt: skip
     app.add_middleware(Measure, metrics=state.metrics)  # outermost: counts every answer, 401s and 413s included
+    document_security(app, settings)
     return app
+
+
+UNAUTHORIZED = {
+    "description": "missing or wrong API key",
+    "content": {"application/json": {"schema": {"$ref": "#/components/schemas/ErrorBody"}}},
+}
+
+
+def document_security(app: FastAPI, settings: ServiceSettings) -> None:
+    """The OpenAPI document states the deployment's contract: the bearer scheme, and its 401, on
+    every operation the ApiKey middleware guards, none on `open_paths`, and no scheme at all when no
+    key is set (the routes declare it unconditionally; this settles it once, when the document is
+    first built)."""
+    build = app.openapi
+
+    def openapi() -> dict:
+        if app.openapi_schema is None:
+            document = build()
+            for path, operations in document["paths"].items():
+                for operation in operations.values():
+                    if not settings.api_key or path in settings.open_paths:
+                        operation.pop("security", None)
+                    else:
+                        operation["security"] = [{"HTTPBearer": []}]
+                        operation["responses"].setdefault("401", UNAUTHORIZED)
+            if not settings.api_key:
+                document.get("components", {}).pop("securitySchemes", None)
+        return app.openapi_schema
+
+    app.openapi = openapi
 
 
 class Measure:

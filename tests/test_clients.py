@@ -280,17 +280,14 @@ def test_bad_input_on_new_routes_is_a_clear_4xx(http, case):
 # -- OpenAPI and the offline docs ----------------------------------------------------------------
 
 
-def test_openapi_declares_response_schemas_examples_and_the_bearer_scheme(http):
+def test_openapi_declares_response_schemas_and_examples_and_no_key_when_none_is_set(http):
     doc = http.get("/openapi.json").json()
-    assert doc["components"]["securitySchemes"]["HTTPBearer"] == {
-        "type": "http", "scheme": "bearer", "description": doc["components"]["securitySchemes"]["HTTPBearer"]["description"]
-    }  # fmt: skip
+    assert "securitySchemes" not in doc.get("components", {})  # this server has no key (test_fuzz.py's has one)
     for path, operations in doc["paths"].items():
         for method, operation in operations.items():
             content = operation["responses"]["200"].get("content", {})
             assert any(media.get("schema") for media in content.values()), (method, path)
-            if path not in ("/health", "/ready"):  # open paths: everything else needs the key when one is set
-                assert operation.get("security") == [{"HTTPBearer": []}], (method, path)
+            assert "security" not in operation, (method, path)
             if method == "post":
                 body = operation["requestBody"]["content"]["application/json"]
                 schema = body["schema"]
