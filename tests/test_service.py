@@ -980,6 +980,48 @@ def test_disconnected_clients_work_is_dropped(server, client):
 
 
 @pytest.mark.slow
+def test_kill_9_under_load_loses_nothing_a_restart_cannot_serve(start_server):
+    """Fault: SIGKILL while requests are in flight. Every client gets an answer or a connection error
+    at once (none hangs); a new process on the same export dirs passes its hash check, becomes ready
+    and answers exactly what the killed one answered before the load."""
+    texts = [text_of(30 + 10 * i, seed=i) for i in range(4)]
+    s = start_server(("fill", "cls"), BIGS_WARMUP="false")
+    with httpx.Client(base_url=s.url, timeout=60) as c:
+        before = c.post("/v1/classify", json={"inputs": texts}).json()
+        docs = [text_of(1000, seed=500 + i) for i in range(16)]
+        load = [("/v1/documents/classify", {"inputs": docs})] * 8 + [("/v1/classify", {"inputs": texts})] * 8
+        outcomes: list = []
+
+        def send_load():
+            async def one(client, path, body):
+                try:
+                    return (await client.post(path, json=body)).status_code
+                except httpx.TransportError as error:
+                    return type(error).__name__
+
+            async def every():
+                async with httpx.AsyncClient(base_url=s.url, timeout=60) as client:
+                    return await asyncio.gather(*(one(client, p, b) for p, b in load))
+
+            outcomes.extend(asyncio.run(every()))
+
+        thread = threading.Thread(target=send_load)
+        thread.start()
+        _in_flight_soon(c, "bigs_requests_in_flight")
+        killed = time.perf_counter()
+        s.proc.send_signal(signal.SIGKILL)
+        thread.join(30)
+        assert not thread.is_alive()  # no client was left waiting
+        assert s.proc.wait(10) == -signal.SIGKILL
+    assert len(outcomes) == len(load) and any(isinstance(o, str) for o in outcomes), outcomes
+    assert all(o == 200 or isinstance(o, str) for o in outcomes), outcomes  # answered, or cut off
+    restarted = start_server(("fill", "cls"), BIGS_WARMUP="false")
+    with httpx.Client(base_url=restarted.url, timeout=60) as c:
+        assert c.post("/v1/classify", json={"inputs": texts}).json() == before
+    print(f"kill -9 under load: {outcomes}; restarted and ready {time.perf_counter() - killed:.1f} s after the kill")
+
+
+@pytest.mark.slow
 def test_sigterm_drains_in_flight_requests(start_server):
     s = start_server(("cls",), BIGS_WARMUP="false")
     requests = [
