@@ -300,7 +300,9 @@ def write_model_card(out_dir: str | Path) -> bool:
         if (out_dir / "pretraining_card.json").is_file()
         else []
     )
-    path.write_text(model_card(out_dir.resolve().name, config, card, notes), encoding="utf-8")
+    # training writes RUN_DIR/artifact (training/stages.py): the run names the model there
+    name = out_dir.resolve().name if out_dir.resolve().name != "artifact" else out_dir.resolve().parent.name
+    path.write_text(model_card(name, config, card, notes), encoding="utf-8")
     return True
 
 

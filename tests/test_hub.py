@@ -220,6 +220,26 @@ def test_model_card_of_bigs_init_says_the_weights_are_untrained(dirs):
         assert "**These weights are untrained**" in body and "Labels: a, b, c." in body
 
 
+def test_convert_flax_to_torch_writes_the_hub_files(dirs, tmp_path):
+    bigs_cli.main(["convert", "torch-to-flax", str(dirs["cls"]), str(tmp_path / "flax.msgpack")])
+    config = {k: v for k, v in json.loads((dirs["cls"] / "config.json").read_text()).items() if k != "auto_map"}
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    bigs_cli.main(
+        [
+            "convert",
+            "flax-to-torch",
+            str(tmp_path / "flax.msgpack"),
+            str(tmp_path / "config.json"),
+            str(tmp_path / "out"),
+        ]
+    )
+    assert json.loads((tmp_path / "out" / "config.json").read_text())["auto_map"] == hub.AUTO_MAP
+    assert all((tmp_path / "out" / p.name).is_file() for p in hub.code_files())
+    assert (tmp_path / "out" / "1_Pooling" / "config.json").is_file()
+    meta, body = front_matter(tmp_path / "out" / "README.md")
+    assert meta["pipeline_tag"] == "text-classification" and "no training_card.json" in body
+
+
 def test_hub_files_keeps_a_readme_it_did_not_write(tmp_path):
     directory = init(tmp_path / "m")
     (directory / "README.md").write_text("# my own notes\n")
