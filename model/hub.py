@@ -53,8 +53,11 @@ GENERATED = "<!-- model card written by `bigs hub-files` (model/hub.py) from con
 
 
 def code_files() -> list[Path]:
-    """The source files transformers needs to import the model from a dir."""
-    return [MODELING, *sorted({Path(p) for p in get_relative_import_files(MODELING)})]
+    """The source files transformers needs to import the model from a dir. Where this module was itself
+    loaded from a dir's code for a config alone (`AutoConfig.from_pretrained(dir, trust_remote_code=True)`
+    copies only the config's files), those are all there is: the config's."""
+    root = MODELING if MODELING.is_file() else HERE / "configuration_bigs.py"
+    return [root, *sorted({Path(p) for p in get_relative_import_files(root)})]
 
 
 def write_json(path: Path, value) -> None:
@@ -63,8 +66,9 @@ def write_json(path: Path, value) -> None:
 
 
 def write_remote_code(out_dir: str | Path) -> list[str]:
-    """Copy the model's source files into `out_dir` and set `auto_map` in its config.json; returns the
-    files written. Any earlier auto_map is replaced: these files are what loads the dir."""
+    """Copy the model's source files into `out_dir` and set `auto_map` in its config.json to the classes
+    whose files the dir holds; returns the files written. Any earlier auto_map is replaced: these files
+    are what loads the dir."""
     out_dir = Path(out_dir)
     written = []
     for source in code_files():
@@ -72,10 +76,13 @@ def write_remote_code(out_dir: str | Path) -> list[str]:
         if not (target.exists() and target.resolve() == source):
             shutil.copyfile(source, target)
         written.append(target.name)
+    # A model saved after loading from a dir's code has its modeling file copied by transformers itself
+    # (the class is registered for its Auto class) before the config is saved: it counts too.
+    auto_map = {k: v for k, v in AUTO_MAP.items() if (out_dir / f"{v.split('.')[0]}.py").is_file()}
     config_path = out_dir / CONFIG
     config = json.loads(config_path.read_text())
-    if config.get("auto_map") != AUTO_MAP:
-        config["auto_map"] = dict(AUTO_MAP)
+    if config.get("auto_map") != auto_map:
+        config["auto_map"] = auto_map
         write_json(config_path, config)  # as transformers writes it: indent 2, sorted keys
     return [*written, CONFIG]
 

@@ -81,6 +81,12 @@ mlm = transformers.AutoModelForMaskedLM.from_pretrained(job["mlm"], trust_remote
 out["mlm_class"] = type(mlm).__module__ + "." + type(mlm).__name__
 with torch.no_grad():
     out["mlm_logits"] = mlm(input_ids=ids, attention_mask=mask, token_type_ids=types).logits.tolist()
+    # loaded from a dir's code, saved again: the new dir loads the same way (and a config alone saves too)
+    mlm.save_pretrained(job["resaved"])
+    config.save_pretrained(job["config_only"])
+    again = transformers.AutoModelForMaskedLM.from_pretrained(job["resaved"], trust_remote_code=True).eval()
+    out["resaved_logits"] = again(input_ids=ids, attention_mask=mask, token_type_ids=types).logits.tolist()
+    out["config_only_auto_map"] = json.loads((Path(job["config_only"]) / "config.json").read_text())["auto_map"]
     for name in ("cls", "export"):
         clf = transformers.AutoModelForSequenceClassification.from_pretrained(job[name], trust_remote_code=True)
         out[name + "_logits"] = clf.eval()(input_ids=ids, attention_mask=mask, token_type_ids=types).logits.tolist()
@@ -143,7 +149,7 @@ def stock(dirs, inputs) -> dict:
     (work / "check.py").write_text(STOCK_SCRIPT)
     job = {k: str(dirs[k]) for k in ("mlm", "cls", "export")}
     job.update({k: inputs[k].tolist() for k in ("input_ids", "attention_mask", "token_type_ids")})
-    job.update(texts=TEXTS, masked=MASKED)
+    job.update(texts=TEXTS, masked=MASKED, resaved=str(work / "resaved"), config_only=str(work / "config-only"))
     (work / "job.json").write_text(json.dumps(job))
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     env.update(HF_HOME=str(dirs["root"] / "hf-home"), HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
@@ -279,6 +285,12 @@ def test_stock_auto_model_for_masked_lm_matches_the_project_model(dirs, inputs, 
     with torch.no_grad():
         expected = project(**inputs).logits.numpy()
     np.testing.assert_allclose(np.array(stock["mlm_logits"]), expected, atol=1e-5, rtol=0)
+
+
+@pytest.mark.slow
+def test_a_model_loaded_from_a_dir_saves_a_dir_that_loads_the_same(stock):
+    np.testing.assert_array_equal(np.array(stock["resaved_logits"]), np.array(stock["mlm_logits"]))
+    assert stock["config_only_auto_map"] == {"AutoConfig": hub.AUTO_MAP["AutoConfig"]}
 
 
 @pytest.mark.slow
