@@ -91,8 +91,9 @@ def sentence_transformers_files(config: dict) -> dict[str, dict | list]:
     """{relative path: JSON content} of the sentence-transformers layout. Normalize has no settings,
     so its "2_Normalize" path needs no dir (sentence-transformers' own save leaves it empty).
 
-    Written in the layout every sentence-transformers release from 2.x reads (`models.*` class paths,
-    `pooling_mode_*_tokens` flags); the current one maps both to its own names on load.
+    Written in the layout sentence-transformers has read since 2.x (`models.*` class paths, the four
+    original `pooling_mode_*` flags, later modes off by default); the current release maps both to its
+    own names on load. `trust_remote_code` needs 2.3 or later.
     """
     modules = [("", "Transformer"), ("1_Pooling", "Pooling"), ("2_Normalize", "Normalize")]
     return {
@@ -110,9 +111,6 @@ def sentence_transformers_files(config: dict) -> dict[str, dict | list]:
             "pooling_mode_mean_tokens": True,  # over attention_mask = 1, i.e. real tokens only
             "pooling_mode_max_tokens": False,
             "pooling_mode_mean_sqrt_len_tokens": False,
-            "pooling_mode_weightedmean_tokens": False,
-            "pooling_mode_lasttoken": False,
-            "include_prompt": True,
         },
     }
 
