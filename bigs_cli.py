@@ -9,6 +9,7 @@ bigs bench torch-forward [--lengths 512 4096]                      torch eager l
 bigs bench load [--host URL --users N --duration 60s --scenario long|mixed|fill-mask --out DIR]
 bigs export ARTIFACT_DIR OUT_DIR [--buckets 128,256] [--formats onnx,stablehlo] [--quantize int8]
 bigs export --verify OUT_DIR                                       re-hash files, re-measure parity
+bigs hub-files DIR [DIR …]          (re)write what stock transformers / sentence-transformers / the Hub read
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ def cmd_init(args: argparse.Namespace) -> None:
     import torch
 
     from model import BiGSConfig, BiGSForMaskedLM, BiGSForSequenceClassification
+    from model.hub import TRAINING_CARD, write_hub_files
     from model.tokenizer import save_tokenizer
 
     labels = args.labels.split(",") if args.labels else None
@@ -38,6 +40,10 @@ def cmd_init(args: argparse.Namespace) -> None:
     model_class = BiGSForMaskedLM if args.task == "mlm" else BiGSForSequenceClassification
     model_class(config).save_pretrained(args.out_dir)
     save_tokenizer(args.out_dir, model_max_length=args.max_length)
+    # The card says what the dir is (stage "init": no training), so its model card can say so too.
+    card = {"stage": "init", "task": args.task, "seed": args.seed, "steps": 0}
+    (Path(args.out_dir) / TRAINING_CARD).write_text(json.dumps(card, indent=1) + "\n")
+    write_hub_files(args.out_dir)
     print(f"wrote an untrained {model_class.__name__} to {args.out_dir}")
 
 
@@ -54,6 +60,7 @@ def cmd_convert(args: argparse.Namespace) -> None:
 
     if args.direction == "flax-to-torch":
         from model import BiGSConfig
+        from model.hub import write_hub_files
         from model.tokenizer import save_tokenizer
 
         out = Path(args.destination)
@@ -64,6 +71,7 @@ def cmd_convert(args: argparse.Namespace) -> None:
         config.save_pretrained(out)
         save_torch_safetensors(flax_to_torch(params), out / "model.safetensors")
         save_tokenizer(out, model_max_length=config.max_position_embeddings)
+        write_hub_files(out)
         print(f"wrote {out}")
     else:
         from flax.serialization import msgpack_serialize
@@ -99,6 +107,15 @@ def cmd_export(args: argparse.Namespace) -> None:
     if not manifest.parity.passed:
         print(f"FAILED: parity above tolerance {options.tolerance:g}: {manifest.parity.breaches}", file=sys.stderr)
         sys.exit(1)
+
+
+def cmd_hub_files(args: argparse.Namespace) -> None:
+    from model.hub import write_hub_files
+
+    for directory in args.dirs:
+        if not (Path(directory) / "config.json").is_file():
+            raise SystemExit(f"bigs hub-files: {directory}/config.json not found: not a model dir")
+        print(f"{directory}: {', '.join(write_hub_files(directory))}")
 
 
 def cmd_serve(args: argparse.Namespace) -> None:
@@ -189,6 +206,16 @@ def build_parser() -> argparse.ArgumentParser:
     export.add_argument("--embed-weights", action="store_true", help="StableHLO: embed weights in each artifact")
     export.add_argument("--tolerance", type=float, default=1e-4, help="max abs diff to the torch reference")
     export.set_defaults(func=cmd_export)
+
+    hub = sub.add_parser(
+        "hub-files",
+        help="(re)write the model code + auto_map, sentence-transformers files and model card of model dirs",
+        description="What stock transformers (trust_remote_code=True), sentence-transformers and the Hub read "
+        "from a dir, generated from the project's code, config.json and training_card.json (model/hub.py). "
+        "A README.md not written by this command is kept.",
+    )
+    hub.add_argument("dirs", nargs="+", metavar="DIR")
+    hub.set_defaults(func=cmd_hub_files)
 
     serve = sub.add_parser("serve", help="serve export dirs over HTTP (every option is also a BIGS_* variable)")
     serve.add_argument("--model", dest="models", action="append", metavar="NAME=EXPORT_DIR")

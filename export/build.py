@@ -1,11 +1,13 @@
 """`bigs export ARTIFACT_DIR OUT_DIR`: artifact dir → self-contained export dir.
 
     OUT_DIR/  config.json, model.safetensors, tokenizer files, … (the artifact's files, copied)
+              model code + auto_map, sentence-transformers files, README.md (model/hub.py)
               onnx/<bucket>.onnx [+ <bucket>.int8.onnx] + onnx/weights.bin (shared by all graphs)
               stablehlo/<head>_<bucket>.bin
               manifest.json
 
-Steps: copy the artifact; load the torch model (fp32); export ONNX per bucket (export/onnx.py) and
+Steps: copy the artifact, and write what stock transformers / sentence-transformers read (a published
+checkpoint dir has none of it); load the torch model (fp32); export ONNX per bucket (export/onnx.py) and
 StableHLO per head and bucket (export/stablehlo.py); measure every file against the torch reference
 on fixed inputs (export/parity.py); hash every file (export/integrity.py); write the manifest
 (export/manifest.py).
@@ -18,6 +20,8 @@ from __future__ import annotations
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
+
+from model.hub import write_hub_files
 
 from . import parity
 from .heads import heads_for
@@ -99,6 +103,7 @@ def export_artifact(artifact_dir: str | Path, out_dir: str | Path, options: Expo
     if not (artifact_dir / "config.json").is_file():
         raise FileNotFoundError(f"{artifact_dir}/config.json not found: not an artifact dir")
     copy_artifact(artifact_dir, out_dir)
+    write_hub_files(out_dir)
     for stale in ("onnx", "stablehlo"):  # a re-export must not leave files of an earlier one
         shutil.rmtree(out_dir / stale, ignore_errors=True)
 

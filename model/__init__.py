@@ -2,7 +2,8 @@
 
 Importing `model` registers BiGS with the transformers Auto classes, so
 `AutoModelForMaskedLM.from_pretrained(dir)` and `transformers.pipeline(..., model=dir)` work on an
-artifact dir. The torch parts need the `torch` extra; the Flax parts (`model.modeling_flax_bigs`)
+artifact dir. Without the project, the dir loads with `trust_remote_code=True`: it carries the model
+code and `auto_map` (model/hub.py). The torch parts need the `torch` extra; the Flax parts (`model.modeling_flax_bigs`)
 need the `train` extra and are imported on demand.
 """
 
@@ -15,17 +16,16 @@ try:
 except ImportError:  # a serving-only install: configs and tokenizer only
     pass
 else:
-    from transformers import (
-        AutoConfig,
-        AutoModel,
-        AutoModelForMaskedLM,
-        AutoModelForSequenceClassification,
-    )
+    import transformers
 
+    from . import modeling_bigs
+    from .hub import AUTO_MAP
     from .modeling_bigs import BiGSForMaskedLM, BiGSForSequenceClassification, BiGSModel
 
-    AutoConfig.register(BiGSConfig.model_type, BiGSConfig, exist_ok=True)
-    AutoModel.register(BiGSConfig, BiGSModel, exist_ok=True)
-    AutoModelForMaskedLM.register(BiGSConfig, BiGSForMaskedLM, exist_ok=True)
-    AutoModelForSequenceClassification.register(BiGSConfig, BiGSForSequenceClassification, exist_ok=True)
+    # The same classes that a saved dir's auto_map names (model/hub.py).
+    transformers.AutoConfig.register(BiGSConfig.model_type, BiGSConfig, exist_ok=True)
+    for auto_class, reference in AUTO_MAP.items():
+        module, name = reference.split(".")
+        if module == "modeling_bigs":
+            getattr(transformers, auto_class).register(BiGSConfig, getattr(modeling_bigs, name), exist_ok=True)
     __all__ += ["BiGSModel", "BiGSForMaskedLM", "BiGSForSequenceClassification"]

@@ -99,3 +99,11 @@ class BiGSConfig(PretrainedConfig):
         self.mask_padding_in_ssm = mask_padding_in_ssm
         self.ssm_formulation = ssm_formulation
         self.ssm_chunk_size = ssm_chunk_size
+
+    def save_pretrained(self, save_directory, push_to_hub: bool = False, **kwargs):
+        """config.json as transformers writes it, then the model code and `auto_map` beside it
+        (model/hub.py), so the dir loads in transformers with the project not installed."""
+        super().save_pretrained(save_directory, push_to_hub=push_to_hub, **kwargs)
+        from .hub import write_remote_code
+
+        write_remote_code(save_directory)

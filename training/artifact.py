@@ -3,7 +3,9 @@
 An artifact dir is a Hugging Face `save_pretrained` dir — config.json, model.safetensors (torch
 layout, written from Flax params through model/convert.py, no torch needed), tokenizer files —
 plus training_card.json: what data went in, how it was split, how long it trained, on what, and
-the held-out numbers.
+the held-out numbers; plus what stock tools read with the project not installed (model/hub.py): the
+model code and `auto_map` (transformers, `trust_remote_code=True`), the sentence-transformers files
+and a model card (README.md) written from the config and training_card.json.
 """
 
 from __future__ import annotations
@@ -17,9 +19,10 @@ import numpy as np
 
 from model.configuration_bigs import BiGSConfig
 from model.convert import flax_to_torch, load_torch_safetensors, save_torch_safetensors, torch_to_flax
+from model.hub import TRAINING_CARD, write_hub_files
 from model.tokenizer import save_tokenizer
 
-CARD = "training_card.json"
+CARD = TRAINING_CARD
 
 
 def load_artifact(artifact_dir: str | Path) -> tuple[BiGSConfig, dict]:
@@ -48,6 +51,7 @@ def write_artifact(
     save_torch_safetensors(flax_to_torch(host_params), out_dir / "model.safetensors")
     save_tokenizer(out_dir, tokenizer, model_max_length=config.max_position_embeddings)
     (out_dir / CARD).write_text(json.dumps(card, indent=1, default=str) + "\n")
+    write_hub_files(out_dir)  # last: the model card is written from training_card.json
     return out_dir
 
 

