@@ -52,18 +52,23 @@ def cmd_init(args: argparse.Namespace) -> None:
 
 
 def cmd_train(args: argparse.Namespace) -> None:
-    import yaml
     from pydantic import ValidationError
 
     from training.config import load_config
 
+    try:
+        import yaml  # PyYAML reads YAML configs only; an install without it reads TOML and JSON
+
+        syntax_errors: tuple[type[Exception], ...] = (OSError, ValueError, yaml.YAMLError)
+    except ImportError:
+        syntax_errors = (OSError, ValueError)
     try:
         config = load_config(args.config, args.overrides, stage=args.stage)
     except ValidationError as error:
         unknown = any(item["type"] == "extra_forbidden" for item in error.errors())
         hint = " (`bigs train --help` lists the keys)" if unknown else ""
         fail("train", f"invalid config: {describe_invalid(error, lambda name: name)}{hint}")
-    except (OSError, ValueError, yaml.YAMLError) as error:  # no such file; TOML / JSON / YAML syntax
+    except syntax_errors as error:  # no such file, a dir; TOML / JSON / YAML syntax
         fail("train", f"config {args.config}: {one_line(error)}")
     if config.init_from and not (Path(config.init_from) / "config.json").is_file():
         fail("train", f"init_from {config.init_from}: not an artifact dir (no config.json)")
@@ -156,12 +161,13 @@ def cmd_serve(args: argparse.Namespace) -> None:
         shown = settings.model_dump(mode="json")
         if shown["api_key"]:
             shown["api_key"] = "<set>"
-        sources = {name: "flag" if name in given else "env" if env_of(name) in os.environ else "default"
+        variables = {key.upper() for key in os.environ}  # pydantic-settings reads them in any case
+        sources = {name: "flag" if name in given else "env" if env_of(name) in variables else "default"
                    for name in shown}  # fmt: skip
         print(json.dumps({"settings": shown, "source": sources}, indent=2))
         return
     if not settings.models:
-        raise SystemExit("no model: pass --model NAME=EXPORT_DIR (or set BIGS_MODELS)")
+        fail("serve", "no model: pass --model NAME=EXPORT_DIR (or set BIGS_MODELS)")
 
     from service.server import serve
 
