@@ -2,6 +2,7 @@
 
 bigs train mlm|extend|classify [--config FILE] [key=value …]       train in JAX → artifact dir
 bigs serve --model NAME=EXPORT_DIR [--runtime onnx|stablehlo|torch]  serve over HTTP
+bigs serve --print-settings                                        the settings in effect, and from where
 bigs init OUT_DIR [--task mlm|classification] [--hidden-size …]   a fresh (untrained) artifact dir
 bigs convert flax-to-torch CKPT.msgpack CONFIG.json OUT_DIR        published Flax → artifact dir
 bigs convert torch-to-flax ARTIFACT_DIR OUT.msgpack                artifact dir → Flax params
@@ -180,7 +181,7 @@ def cmd_serve(args: argparse.Namespace) -> None:
 
 
 def flag_of(name: str) -> str:
-    """The `bigs serve` flag of a ServiceSettings field (`models` is given one at a time: --model)."""
+    """The `bigs serve` flag of a ServiceSettings field (`models` keeps its name of old: --model)."""
     return "--model" if name == "models" else f"--{name.replace('_', '-')}"
 
 

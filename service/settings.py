@@ -56,7 +56,11 @@ class ServiceSettings(BaseSettings):
         "long lanes stop taking each other's cores: 1.6x the throughput of a mixed load on 2 cores",
     )
 
-    api_key: str | None = Field(None, description="when set, requests need `Authorization: Bearer <key>`")
+    api_key: str | None = Field(
+        None,
+        description="when set, requests need `Authorization: Bearer <key>` (set the variable, not the flag: a flag "
+        "shows in the process list)",
+    )
     # Start-up, transport and shutdown.
     open_paths: Annotated[list[str], NoDecode] = Field(
         default_factory=lambda: ["/health", "/ready"],
