@@ -2,14 +2,22 @@
 
 bigs train mlm|extend|classify [--config FILE] [key=value …]       train in JAX → artifact dir
 bigs serve --model NAME=EXPORT_DIR [--runtime onnx|stablehlo|torch]  serve over HTTP
+bigs serve --print-settings                                        the settings in effect, and from where
 bigs init OUT_DIR [--task mlm|classification] [--hidden-size …]   a fresh (untrained) artifact dir
 bigs convert flax-to-torch CKPT.msgpack CONFIG.json OUT_DIR        published Flax → artifact dir
 bigs convert torch-to-flax ARTIFACT_DIR OUT.msgpack                artifact dir → Flax params
 bigs bench torch-forward [--lengths 512 4096]                      torch eager latency
 bigs bench load [--host URL --users N --duration 60s --scenario long|mixed|fill-mask --out DIR]
+bigs bench soak [--host URL --duration 600 --fraction 0.7 --out DIR]   steady load at a fraction of capacity, RSS sampled
+bigs bench memory --model NAME=EXPORT_DIR …                         resident memory: shared arena vs one per session
 bigs export ARTIFACT_DIR OUT_DIR [--buckets 128,256] [--formats onnx,stablehlo] [--quantize int8]
 bigs export --verify OUT_DIR                                       re-hash files, re-measure parity
 bigs hub-files DIR [DIR …]          (re)write what stock transformers / sentence-transformers / the Hub read
+bigs --version
+
+`bigs COMMAND --help` describes each command; `bigs serve --help` lists every setting with its
+default and BIGS_* variable, `bigs train --help` every config key. A mistake in what was given
+(a missing file, an unknown key, a bad value) ends the command with one line and status 1.
 """
 
 from __future__ import annotations
@@ -18,7 +26,17 @@ import argparse
 import json
 import signal
 import sys
+import typing
 from pathlib import Path
+
+PACKAGE = "bigs-serving"
+# `bigs bench NAME` runs this module of the `bench` package as a script (installed with the wheel).
+BENCHMARKS = {
+    "torch-forward": "bench.torch_forward",
+    "load": "bench.load",
+    "soak": "bench.soak",
+    "memory": "bench.memory",
+}
 
 
 def cmd_init(args: argparse.Namespace) -> None:
@@ -48,14 +66,36 @@ def cmd_init(args: argparse.Namespace) -> None:
 
 
 def cmd_train(args: argparse.Namespace) -> None:
+    from pydantic import ValidationError
+
     from training.config import load_config
+
+    try:
+        import yaml  # PyYAML reads YAML configs only; an install without it reads TOML and JSON
+
+        syntax_errors: tuple[type[Exception], ...] = (OSError, ValueError, yaml.YAMLError)
+    except ImportError:
+        syntax_errors = (OSError, ValueError)
+    try:
+        config = load_config(args.config, args.overrides, stage=args.stage)
+    except ValidationError as error:
+        unknown = any(item["type"] == "extra_forbidden" for item in error.errors())
+        hint = " (`bigs train --help` lists the keys)" if unknown else ""
+        fail("train", f"invalid config: {describe_invalid(error, lambda name: name)}{hint}")
+    except syntax_errors as error:  # no such file, a dir; TOML / JSON / YAML syntax
+        fail("train", f"config {args.config}: {one_line(error)}")
+    if config.init_from and not (Path(config.init_from) / "config.json").is_file():
+        fail("train", f"init_from {config.init_from}: not an artifact dir (no config.json)")
+
     from training.stages import run
 
-    config = load_config(args.config, args.overrides, stage=args.stage)
     run(config)
 
 
 def cmd_convert(args: argparse.Namespace) -> None:
+    for path in (args.source, args.config if args.direction == "flax-to-torch" else None):
+        if path and not Path(path).exists():
+            fail("convert", f"{path}: no such file or directory")
     from model.convert import flax_to_torch, load_flax_msgpack, save_torch_safetensors, torch_to_flax
 
     if args.direction == "flax-to-torch":
@@ -84,14 +124,25 @@ def cmd_convert(args: argparse.Namespace) -> None:
 
 
 def cmd_export(args: argparse.Namespace) -> None:
-    from export.verify import format_report, verify
-
+    # The dirs given are checked before torch and the exporters are imported (seconds): a typo fails at once.
     if args.verify:
+        from export.manifest import ManifestError, read_manifest
+
+        try:
+            read_manifest(args.paths[0])
+        except ManifestError as error:  # not an export dir, or a manifest this version cannot read
+            fail("export", str(error))
+
+        from export.verify import format_report, verify
+
         report = verify(args.paths[0], tolerance=args.tolerance)
         print(format_report(report, Path(args.paths[0])))
         if not report.ok:
             sys.exit(1)
         return
+
+    if not (Path(args.paths[0]) / "config.json").is_file():
+        fail("export", f"{args.paths[0]}: not an artifact dir (no config.json)")
 
     from export.build import ExportOptions, export_artifact, summary
 
@@ -119,18 +170,32 @@ def cmd_hub_files(args: argparse.Namespace) -> None:
 
 
 def cmd_serve(args: argparse.Namespace) -> None:
+    import os
+
     from pydantic import ValidationError
 
-    from service.server import serve
     from service.settings import ServiceSettings
 
     given = {k: v for k, v in vars(args).items() if k in ServiceSettings.model_fields and v is not None}
     try:
-        settings = ServiceSettings(**given)
+        settings = ServiceSettings(**given)  # flags given override BIGS_* variables, which override defaults
     except ValidationError as error:
-        raise SystemExit(f"bigs serve: {describe_invalid_settings(error, set(given))}") from None
+        flag_or_variable = lambda name: f"{name} ({flag_of(name) if name in given else env_of(name)})"
+        fail("serve", "invalid setting " + describe_invalid(error, flag_or_variable, hide={"api_key"}))
+    if args.print_settings:
+        shown = settings.model_dump(mode="json")
+        if shown["api_key"]:
+            shown["api_key"] = "<set>"
+        variables = {key.upper() for key in os.environ}  # pydantic-settings reads them in any case
+        sources = {name: "flag" if name in given else "env" if env_of(name) in variables else "default"
+                   for name in shown}  # fmt: skip
+        print(json.dumps({"settings": shown, "source": sources}, indent=2))
+        return
     if not settings.models:
-        raise SystemExit("no model: pass --model NAME=EXPORT_DIR (or set BIGS_MODELS)")
+        fail("serve", "no model: pass --model NAME=EXPORT_DIR (or set BIGS_MODELS)")
+
+    from service.server import serve
+
     # On SIGTERM uvicorn stops admission, drains, then re-raises the signal, which would end the process
     # with -15 after a clean shutdown; exit 0 instead (what supervisors read as "stopped cleanly").
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
@@ -139,30 +204,157 @@ def cmd_serve(args: argparse.Namespace) -> None:
         raise SystemExit(f"bigs serve: {failure}")
 
 
-def describe_invalid_settings(error, flags: set[str]) -> str:
-    """A pydantic ValidationError of ServiceSettings as one line naming each setting and where it came
-    from: the command-line flag when it was given (`flags`), else its BIGS_* variable."""
+def flag_of(name: str) -> str:
+    """The `bigs serve` flag of a ServiceSettings field (`models` keeps its name of old: --model)."""
+    return "--model" if name == "models" else f"--{name.replace('_', '-')}"
+
+
+def env_of(name: str) -> str:
+    from service.settings import ServiceSettings
+
+    return f"{ServiceSettings.model_config['env_prefix']}{name.upper()}"
+
+
+def add_settings_flags(parser: argparse.ArgumentParser) -> None:
+    """One flag per ServiceSettings field, its help the field's description, default and variable.
+
+    Flags default to None (not given), so a variable set in the environment holds unless the flag is
+    given. pydantic validates every value (bounds included) whatever its source, so argparse only
+    splits words: one error message, naming the flag or the variable, for all of them.
+    """
+    from service.settings import ServiceSettings
+
+    for name, field in ServiceSettings.model_fields.items():
+        default = field.get_default(call_default_factory=True)
+        if isinstance(default, list):
+            shown = " ".join(default) or "none"
+        else:
+            shown = {None: "none", True: "on", False: "off"}.get(default, default)
+        help_text = f"{field.description} (default: {shown}; env {env_of(name)})".replace("%", "%%")
+        kind = typing.get_origin(field.annotation)
+        if field.annotation is bool:
+            parser.add_argument(flag_of(name), dest=name, action=argparse.BooleanOptionalAction, help=help_text)
+        elif kind is typing.Literal:
+            parser.add_argument(flag_of(name), dest=name, choices=typing.get_args(field.annotation), help=help_text)
+        elif kind is list:
+            metavar = "NAME=EXPORT_DIR" if name == "models" else "VALUE"
+            parser.add_argument(flag_of(name), dest=name, action="extend", nargs="+", metavar=metavar, help=help_text)
+        else:
+            metavar = {int: "N", float: "X"}.get(field.annotation, "TEXT")
+            parser.add_argument(flag_of(name), dest=name, metavar=metavar, help=help_text)
+    parser.add_argument(
+        "--print-settings",
+        action="store_true",
+        help="print the settings in effect (flags over BIGS_* variables over defaults) as JSON, and where "
+        "each came from; load nothing, serve nothing",
+    )
+
+
+def describe_invalid(error, name_of, hide: frozenset[str] | set[str] = frozenset()) -> str:
+    """A pydantic ValidationError as one line: each bad value's key (`name_of(dotted key)`), what is wrong
+    and the value given (not for keys in `hide`, secrets)."""
     parts = []
     for item in error.errors():
-        name = str(item["loc"][0]) if item["loc"] else "settings"
-        source = ("--model" if name == "models" else f"--{name.replace('_', '-')}") if name in flags else None
+        key = ".".join(str(part) for part in item["loc"])
         message = item["msg"].removeprefix("Value error, ")
-        shown = "" if name == "api_key" else f", got {str(item.get('input'))[:80]}"
-        parts.append(f"{name} ({source or 'BIGS_' + name.upper()}): {message}{shown}")
-    return "invalid setting " + "; ".join(parts)
+        if not key:  # a check of several values together: its message names them
+            parts.append(message)
+            continue
+        if item["type"] == "extra_forbidden":
+            parts.append(f"unknown key {name_of(key)}")
+            continue
+        shown = "" if key.split(".")[0] in hide else f", got {str(item.get('input'))[:80]}"
+        parts.append(f"{name_of(key)}: {message}{shown}")
+    return "; ".join(parts)
+
+
+def one_line(error: BaseException) -> str:
+    if isinstance(error, OSError) and error.filename:
+        return f"{error.strerror or error}: {error.filename}"
+    return " ".join(str(error).split()) or type(error).__name__
+
+
+def fail(command: str, message: str) -> typing.NoReturn:
+    """A mistake in what the user gave: one line on stderr, status 1, no traceback."""
+    raise SystemExit(f"bigs {command}: {message}")
 
 
 def cmd_bench(args: argparse.Namespace) -> None:
+    import importlib.util
     import runpy
 
-    bench = Path(__file__).parent / "bench" / f"{args.which.replace('-', '_')}.py"
-    sys.argv = [str(bench), *args.rest]
-    runpy.run_path(str(bench), run_name="__main__")
+    module = BENCHMARKS[args.which]
+    if importlib.util.find_spec("bench") is None:
+        fail("bench", "no bench package here (the serving image carries none; the wheel and a checkout do)")
+    sys.argv = [module, *args.rest]
+    runpy.run_module(module, run_name="__main__", alter_sys=True)
+
+
+def package_version() -> str:
+    from importlib import metadata
+
+    try:
+        return metadata.version(PACKAGE)
+    except metadata.PackageNotFoundError:
+        return "unknown (not installed: pip install -e .)"
+
+
+def config_keys_help() -> str:
+    """Every key of the training config (training/config.py) with its type, default and description."""
+    from pydantic import BaseModel
+
+    from training.config import TrainConfig
+
+    lines = ["config keys (in the --config file, or as KEY=VALUE; a value is JSON, else a string):"]
+
+    def walk(model: type[BaseModel], prefix: str) -> None:
+        for name, field in model.model_fields.items():
+            kind = field.annotation
+            if isinstance(kind, type) and issubclass(kind, BaseModel):
+                walk(kind, f"{prefix}{name}.")
+                continue
+            default = field.get_default(call_default_factory=True)
+            kind_name = getattr(kind, "__name__", None) if typing.get_origin(kind) is None else None
+            text = f"  {prefix}{name} ({kind_name or str(kind).replace('typing.', '')}, default {json.dumps(default)})"
+            lines.append(text + (f": {field.description}" if field.description else ""))
+
+    walk(TrainConfig, "")
+    return "\n".join(lines)
+
+
+class LazyParser(argparse.ArgumentParser):
+    """A subcommand's parser whose arguments (or help) are added on first use, by `populate(parser)`.
+
+    `bigs serve`'s flags come from ServiceSettings (pydantic-settings: the serve extra) and `bigs train
+    --help` lists the training config: building them only for their own command keeps every command
+    usable in an install with one extra (the serving image has no training/)."""
+
+    def __init__(self, *args, populate=None, **kwargs):
+        super().__init__(*args, **kwargs)
+        self._populate = populate
+
+    def _ready(self) -> None:
+        populate, self._populate = self._populate, None
+        if populate is not None:
+            populate(self)
+
+    def parse_known_args(self, args=None, namespace=None):
+        self._ready()
+        return super().parse_known_args(args, namespace)
+
+    def format_help(self) -> str:
+        self._ready()
+        return super().format_help()
+
+    def format_usage(self) -> str:
+        self._ready()
+        return super().format_usage()
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="bigs", description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    sub = parser.add_subparsers(dest="command", required=True)
+    parser.add_argument("--version", action="version", version=f"%(prog)s {package_version()}")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=LazyParser)
 
     init = sub.add_parser("init", help="write a fresh, untrained artifact dir (config, safetensors, tokenizer)")
     init.add_argument("out_dir")
@@ -180,6 +372,8 @@ def build_parser() -> argparse.ArgumentParser:
         help="train in JAX: mlm (pretraining), extend (longer inputs), classify (fine-tuning)",
         description="Settings come from --config (JSON/TOML/YAML) and key=value overrides, e.g. "
         "bigs train mlm --config run.toml optim.learning_rate=1e-4 data.sources='[\"kjv\"]'",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        populate=lambda p: setattr(p, "epilog", config_keys_help()),
     )
     train.add_argument("stage", choices=["mlm", "extend", "classify"])
     train.add_argument("--config", default=None, help="run config file (JSON, TOML or YAML)")
@@ -217,27 +411,17 @@ def build_parser() -> argparse.ArgumentParser:
     hub.add_argument("dirs", nargs="+", metavar="DIR")
     hub.set_defaults(func=cmd_hub_files)
 
-    serve = sub.add_parser("serve", help="serve export dirs over HTTP (every option is also a BIGS_* variable)")
-    serve.add_argument("--model", dest="models", action="append", metavar="NAME=EXPORT_DIR")
-    serve.add_argument("--runtime", choices=["onnx", "stablehlo", "torch"])
-    serve.add_argument("--host")
-    serve.add_argument("--port", type=int)
-    serve.add_argument("--max-batch-tokens", type=int)
-    serve.add_argument("--max-batch-size", type=int)
-    serve.add_argument("--max-wait-ms", type=float)
-    serve.add_argument("--max-in-flight", type=int)
-    serve.add_argument("--request-timeout-s", type=float)
-    serve.add_argument("--intra-op-threads", type=int)
-    serve.add_argument("--ort-spin-wait", action=argparse.BooleanOptionalAction, default=None)
-    serve.add_argument("--api-key")
-    serve.add_argument("--skip-failed-models", action=argparse.BooleanOptionalAction, default=None,
-                       help="serve the models that load; report the others as failed (default: exit 1)")  # fmt: skip
-    serve.add_argument("--drain-timeout-s", type=float, help="on SIGTERM, then 503 for what is left (default 25)")
-    serve.add_argument("--access-log", action=argparse.BooleanOptionalAction, default=None)
+    serve = sub.add_parser(
+        "serve",
+        help="serve export dirs over HTTP (every option is also a BIGS_* variable)",
+        description="Serve export dirs over HTTP. Every setting is a flag and a BIGS_* environment variable "
+        "(service/settings.py); a flag given overrides the variable.",
+        populate=add_settings_flags,
+    )
     serve.set_defaults(func=cmd_serve)
 
-    bench = sub.add_parser("bench", help="run a benchmark script from bench/")
-    bench.add_argument("which", choices=["torch-forward", "load"])
+    bench = sub.add_parser("bench", help="run a benchmark of the bench package (bench/)")
+    bench.add_argument("which", choices=list(BENCHMARKS))
     bench.add_argument("rest", nargs=argparse.REMAINDER, help="arguments for the benchmark")
     bench.set_defaults(func=cmd_bench)
     return parser
@@ -260,7 +444,10 @@ def main(argv: list[str] | None = None) -> None:
             args.destination = args.destination or args.config
             if not args.destination:
                 build_parser().error("torch-to-flax needs: ARTIFACT_DIR OUT.msgpack")
-    args.func(args)
+    try:
+        args.func(args)
+    except KeyboardInterrupt:
+        raise SystemExit(130) from None
 
 
 if __name__ == "__main__":

@@ -1,7 +1,7 @@
 """Resident memory of `bigs serve` with one process-wide ONNX Runtime arena against an arena per
 session, side by side in one run, with the latency each gives.
 
-    python bench/memory.py --model NAME=EXPORT_DIR [--model …] [--rounds 2]
+    bigs bench memory --model NAME=EXPORT_DIR [--model …] [--rounds 2]
 
 Per round and per setting (`BIGS_ORT_SHARED_ARENA` true / false, alternating, each in a fresh
 process): start `bigs serve` with warm-up on, read `process_resident_memory_bytes` from /metrics
@@ -116,7 +116,7 @@ def measure(models: list[str], shared: bool) -> dict:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="bench/memory.py", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="bigs bench memory", description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", action="append", required=True, help="NAME=EXPORT_DIR (repeat)")
     parser.add_argument("--rounds", type=int, default=2, help="alternating rounds of the two settings")
     args = parser.parse_args(argv)

@@ -1,6 +1,6 @@
 """Soak: steady mixed load at a fraction of the service's measured capacity, resident memory sampled.
 
-    python bench/soak.py --host http://127.0.0.1:8000 --duration 10m --fraction 0.7 --out runs/soak
+    bigs bench soak --host http://127.0.0.1:8000 --duration 10m --fraction 0.7 --out runs/soak
 
 Against a running service (any runtime, any models; it reads /v1/models):
 1. capacity: `--capacity-clients` clients send mixed requests back to back for `--capacity-duration`;
@@ -40,7 +40,7 @@ WORDS = (  # noqa: SIM905 (prose reads better than 40 quoted words) — one BERT
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="bench/soak.py", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="bigs bench soak", description=__doc__.split("\n\n")[0])
     parser.add_argument("--host", default="http://127.0.0.1:8000", help="the service's base URL")
     parser.add_argument("--duration", type=float, default=180, help="soak seconds (default 180; long form 600)")
     parser.add_argument("--fraction", type=float, default=0.7, help="offered load as a fraction of capacity")

@@ -7,8 +7,9 @@
 #    config.json, else two small UNTRAINED models made with `bigs init` (fill-mask + classification).
 # 2. `bigs export` each into build/models/NAME (NAME = the artifact dir's name; an export newer than
 #    its artifact is reused unless BIGS_REEXPORT=1); build/models holds exactly these.
-# 3. Build docker/Dockerfile (target $BIGS_TARGET: serve = ONNX Runtime, or stablehlo) with docker when
-#    a daemon answers, else with buildah (docker/container-env.sh prepares it).
+# 3. Build docker/Dockerfile (target $BIGS_TARGET: serve = ONNX Runtime, or stablehlo, or serve-bare =
+#    no models in the image: build/models is mounted read-only at run time, on a read-only root file
+#    system) with docker when a daemon answers, else with buildah (docker/container-env.sh prepares it).
 # 4. Run it on 127.0.0.1:$BIGS_SMOKE_PORT, wait for /ready, call every endpoint the models support and
 #    check the answers, run the image's own HEALTHCHECK, check non-root / no torch, stop it (SIGTERM
 #    must exit 0), report image size and build time. Any failure exits non-zero; the container is
@@ -43,7 +44,8 @@ banner() {
 case "$TARGET" in
   serve) FORMATS=onnx ;;
   stablehlo) FORMATS=onnx,stablehlo ;;
-  *) fail "BIGS_TARGET must be serve or stablehlo, not $TARGET" ;;
+  serve-bare) FORMATS=onnx ;;
+  *) fail "BIGS_TARGET must be serve, stablehlo or serve-bare, not $TARGET" ;;
 esac
 
 if ! command -v bigs >/dev/null 2>&1 && [ -f .venv/bin/activate ]; then
@@ -152,6 +154,9 @@ trap cleanup EXIT
 PORT=${BIGS_SMOKE_PORT:-$("$PY" -c "import socket; s=socket.socket(); s.bind(('127.0.0.1', 0)); print(s.getsockname()[1])")}
 run_args=(-d --name "$NAME" -p "127.0.0.1:$PORT:8000")
 [ "$ENGINE" = podman ] && run_args+=(--network slirp4netns --health-interval disable)
+if [ "$TARGET" = serve-bare ]; then  # the models from outside, as a volume would bring them
+  run_args+=(--read-only -v "$ROOT/$MODELS_SRC:/models:ro" -e "BIGS_MODELS=${spec# }")
+fi
 log "starting $NAME on 127.0.0.1:$PORT"
 $ENGINE run "${run_args[@]}" "$IMAGE" >/dev/null 2> >(quiet) || fail "container did not start"
 
@@ -322,7 +327,7 @@ fi
 uid=$($ENGINE exec "$NAME" id -u)
 [ "$uid" != 0 ] || fail "the server runs as root"
 log "  runs as uid $uid (non-root)"
-if [ "$TARGET" = serve ]; then
+if [ "$TARGET" != stablehlo ]; then
   $ENGINE exec "$NAME" python -c "import importlib.util as u, sys; \
 heavy = [m for m in ('torch', 'jax', 'transformers', 'flax') if u.find_spec(m)]; print(heavy); sys.exit(bool(heavy))" \
     >/dev/null || fail "the serving image holds torch/jax/transformers/flax"

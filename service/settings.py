@@ -19,15 +19,20 @@ class ServiceSettings(BaseSettings):
         default_factory=list,
         description="NAME=EXPORT_DIR pairs (or a bare EXPORT_DIR, named after its folder)",
     )
-    runtime: Literal["onnx", "stablehlo", "torch"] = "onnx"
-    host: str = "127.0.0.1"
-    port: int = Field(8000, ge=1, le=65535)
+    runtime: Literal["onnx", "stablehlo", "torch"] = Field(
+        "onnx",
+        description="what runs the model: ONNX Runtime, the StableHLO artifacts (jax), or eager torch (the reference)",
+    )
+    host: str = Field("127.0.0.1", description="address to listen on (0.0.0.0: every interface, as in the image)")
+    port: int = Field(8000, ge=1, le=65535, description="TCP port to listen on")
 
     # Batching: a batch of one (model, head, bucket) is cut when the next request would push
     # bucket × batch over the token budget, at max_batch_size, or max_wait_ms after its first request.
-    max_batch_tokens: int = Field(16384, ge=1)
-    max_batch_size: int = Field(32, ge=1)
-    max_wait_ms: float = Field(5.0, ge=0)
+    max_batch_tokens: int = Field(16384, ge=1, description="token budget of one batch: bucket length × inputs")
+    max_batch_size: int = Field(32, ge=1, description="inputs in one batch at most")
+    max_wait_ms: float = Field(
+        5.0, ge=0, description="longest a batch waits for more inputs, only while requests are on their way"
+    )
 
     # Admission and deadlines.
     max_in_flight: int = Field(256, ge=1, description="requests admitted at once; past that, 429")
@@ -38,8 +43,8 @@ class ServiceSettings(BaseSettings):
         "default); past that, 429. A request is admitted whatever its size when no other holds any in its lane",
     )
     request_timeout_s: float = Field(60.0, gt=0, description="per-request deadline; past that, 504")
-    max_body_bytes: int = Field(4 * 1024 * 1024, ge=1)
-    max_inputs_per_request: int = Field(64, ge=1)
+    max_body_bytes: int = Field(4 * 1024 * 1024, ge=1, description="request body size; past that, 413")
+    max_inputs_per_request: int = Field(64, ge=1, description="inputs in one request; past that, 422")
     max_masks_per_input: int = Field(32, ge=1, description="[MASK] tokens one fill-mask input may have (logits memory)")
     classify_max_length: int = Field(
         512, ge=3, description="longest input of /v1/classify; longer goes to /v1/documents"
@@ -47,7 +52,9 @@ class ServiceSettings(BaseSettings):
 
     # Threads: short buckets and long buckets run on separate workers so a 4,096-token batch
     # (seconds on a CPU) never holds short requests back.
-    long_bucket_min_length: int = Field(1024, ge=1)
+    long_bucket_min_length: int = Field(
+        1024, ge=1, description="buckets this long and longer run on the long lane (a worker of their own)"
+    )
     intra_op_threads: int = Field(0, ge=0, description="threads per runtime call; 0 = the runtime's default")
     ort_spin_wait: bool = Field(
         False,
@@ -61,7 +68,11 @@ class ServiceSettings(BaseSettings):
         "0.7 GB vs 5.4 GB resident for the two default models",
     )
 
-    api_key: str | None = Field(None, description="when set, requests need `Authorization: Bearer <key>`")
+    api_key: str | None = Field(
+        None,
+        description="when set, requests need `Authorization: Bearer <key>` (set the variable, not the flag: a flag "
+        "shows in the process list)",
+    )
     # Start-up, transport and shutdown.
     open_paths: Annotated[list[str], NoDecode] = Field(
         default_factory=lambda: ["/health", "/ready"],
@@ -85,8 +96,10 @@ class ServiceSettings(BaseSettings):
     )
     access_log: bool = Field(True, description="one log line per request (uvicorn's access log)")
     cors_origins: Annotated[list[str], NoDecode] = Field(default_factory=list, description="empty = CORS off")
-    warmup: bool = True
-    verify_hashes: bool = True
+    warmup: bool = Field(
+        True, description="run every batch shape once before /ready answers 200 (off: the first requests pay for it)"
+    )
+    verify_hashes: bool = Field(True, description="check the sha256 of every export file at start-up")
 
     # Bounds on what one request may make the service do.
     max_fill_mask_candidates: int = Field(

@@ -121,3 +121,60 @@ def test_dockerfile_runs_unprivileged_with_a_readiness_healthcheck():
 
 def test_smoke_script_parses():
     subprocess.run(["bash", "-n", str(ROOT / "docker" / "smoke.sh")], check=True)
+
+
+def dockerfile_stages() -> dict[str, dict]:
+    """docker/Dockerfile's stages in order: {name: {"base": str, "index": int, "instructions": [str]}}
+    (continuation lines joined, comments dropped)."""
+    text = re.sub(r"\\\n", " ", (ROOT / "docker" / "Dockerfile").read_text())
+    stages: dict[str, dict] = {}
+    current = None
+    for line in text.splitlines():
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        found = re.match(r"FROM\s+(\S+)\s+AS\s+(\S+)", line, re.I)
+        if found:
+            current = stages[found[2]] = {"base": found[1], "index": len(stages), "instructions": []}
+        elif current is not None:
+            current["instructions"].append(line)
+    return stages
+
+
+def stage_closure(stages: dict[str, dict], name: str) -> set[str]:
+    """`name` and every stage it is built from: its base and the stages it copies from, recursively."""
+    seen, pending = set(), [name]
+    while pending:
+        stage = pending.pop()
+        if stage in seen or stage not in stages:
+            continue
+        seen.add(stage)
+        pending.append(stages[stage]["base"])
+        for line in stages[stage]["instructions"]:
+            pending += re.findall(r"--from=(\S+)", line)
+    return seen
+
+
+def test_bare_image_target_copies_no_models_and_needs_no_build_models():
+    stages = dockerfile_stages()
+    assert "serve-bare" in stages, sorted(stages)
+    bare = stage_closure(stages, "serve-bare")
+    copies = [line for s in bare for line in stages[s]["instructions"] if line.upper().startswith(("COPY", "ADD"))]
+    assert copies and not [line for line in copies if "MODELS" in line or "/models" in line], copies
+    assert "venv-onnx" in bare  # the same virtualenv as the default image
+    # No stage up to serve-bare copies models either: a builder that builds every earlier stage (docker's
+    # legacy builder) builds it without build/models.
+    with_models = [s for s, st in stages.items() if any("MODELS_SRC" in line for line in st["instructions"])]
+    assert with_models and all(stages[s]["index"] > stages["serve-bare"]["index"] for s in with_models), with_models
+    # it runs `bigs serve` unprivileged, with the readiness healthcheck of the default image
+    inherited = [line for s in bare for line in stages[s]["instructions"]]
+    assert any(re.match(r"USER (?!root|0\b)\S+", line) for line in inherited)
+    assert any(line.startswith("HEALTHCHECK") and "/ready" in line for line in inherited)
+    assert 'CMD ["bigs", "serve"]' in inherited
+
+
+def test_default_image_still_bakes_the_models_in_and_is_the_last_stage():
+    stages = dockerfile_stages()
+    assert list(stages)[-1] == "serve"
+    closure = stage_closure(stages, "serve")
+    assert any(line.startswith("COPY ${MODELS_SRC}/ /models/") for s in closure for line in stages[s]["instructions"])

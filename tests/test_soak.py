@@ -18,7 +18,7 @@ def test_short_soak_has_no_errors_and_reports_resident_memory(exports, logs, tmp
     out = tmp_path / "soak"
     try:
         server.wait_ready()
-        command = [sys.executable, "bench/soak.py", "--host", server.url, "--duration", "20",
+        command = [sys.executable, "-m", "bigs_cli", "bench", "soak", "--host", server.url, "--duration", "20",
                    "--capacity-duration", "5", "--sample-every", "1", "--out", str(out)]  # fmt: skip
         run = subprocess.run(command, cwd=ROOT, env=_clean_env(), capture_output=True, text=True, timeout=180)
         server.check_alive()

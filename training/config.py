@@ -14,7 +14,7 @@ import tomllib
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 
 class _Section(BaseModel):
@@ -75,6 +75,17 @@ class TrainConfig(_Section):
     seed: int = 0
     dtype: Literal["auto", "float32", "bfloat16"] = Field("auto", description="auto = bf16 on GPU/TPU, fp32 on CPU")
     progress: bool = True
+
+    @model_validator(mode="after")
+    def stage_inputs(self) -> TrainConfig:
+        """What a stage needs besides the defaults, checked when the config is read (not after the
+        data is built): extend and classify start from an artifact; classify reads one labelled set."""
+        if self.stage in ("extend", "classify") and not self.init_from:
+            what = "the shorter artifact to continue from" if self.stage == "extend" else "an MLM artifact dir"
+            raise ValueError(f"stage {self.stage} needs init_from: {what}")
+        if self.stage == "classify" and len(self.data.sources) != 1:
+            raise ValueError(f"stage classify takes one labelled source, got {self.data.sources}")
+        return self
 
 
 def _parse_value(raw: str):

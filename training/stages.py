@@ -159,8 +159,6 @@ def _masked_lm(config: TrainConfig, started: float) -> Path:
     seq_len = config.data.seq_len
     data_dir = Path(config.data.data_dir or out / "data")
     if config.stage == "extend":
-        if not config.init_from:
-            raise ValueError("stage extend needs init_from: the shorter artifact to continue from")
         model_config, source_params = load_artifact(config.init_from)
         old_length = model_config.max_position_embeddings
         # Positions grow to the longest of: the source, the training length, and
@@ -200,15 +198,11 @@ def _masked_lm(config: TrainConfig, started: float) -> Path:
 
 
 def _classify(config: TrainConfig, started: float) -> Path:
-    if not config.init_from:
-        raise ValueError("stage classify needs init_from: an MLM artifact dir")
     out = Path(config.output_dir)
     data_dir = Path(config.data.data_dir or out / "data")
     model_config, source_params = load_artifact(config.init_from)
     max_length = min(config.data.seq_len, model_config.max_position_embeddings)
     tokenizer = bert_uncased_tokenizer(model_max_length=model_config.max_position_embeddings)
-    if len(config.data.sources) != 1:
-        raise ValueError(f"stage classify takes one labelled source, got {config.data.sources}")
     options = {}
     if config.data.text_pair_column or config.data.label_column != "label" or config.data.text_column != "text":
         options = {"text_field": config.data.text_column, "label_field": config.data.label_column}

@@ -1,0 +1,9 @@
+"""Benchmarks, installed with the package so that `bigs bench NAME` runs from a wheel as from a checkout.
+
+    torch_forward.py       `bigs bench torch-forward`: SSM formulations in torch eager
+    load.py, locustfile.py `bigs bench load`: locust, headless, against a running service
+    export_latency.py      ORT per bucket beside torch eager; memory of shared weights (a script)
+    service_throughput.py  batching on and off, 4,096-token documents (a script)
+
+What they measured is in bench/RESULTS.md (not installed).
+"""
