@@ -29,7 +29,6 @@ import sys
 import typing
 from pathlib import Path
 
-PACKAGE = "bigs-serving"
 # `bigs bench NAME` runs this module of the `bench` package as a script (installed with the wheel).
 BENCHMARKS = {
     "torch-forward": "bench.torch_forward",
@@ -290,15 +289,6 @@ def cmd_bench(args: argparse.Namespace) -> None:
     runpy.run_module(module, run_name="__main__", alter_sys=True)
 
 
-def package_version() -> str:
-    from importlib import metadata
-
-    try:
-        return metadata.version(PACKAGE)
-    except metadata.PackageNotFoundError:
-        return "unknown (not installed: pip install -e .)"
-
-
 def config_keys_help() -> str:
     """Every key of the training config (training/config.py) with its type, default and description."""
     from pydantic import BaseModel
@@ -353,6 +343,8 @@ class LazyParser(argparse.ArgumentParser):
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="bigs", description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    from service import package_version  # the package's own __init__: imports nothing of the server
+
     parser.add_argument("--version", action="version", version=f"%(prog)s {package_version()}")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=LazyParser)
 

@@ -19,6 +19,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from fastapi.security import HTTPBearer
 from pydantic import BaseModel, ValidationError
 
+from . import package_version
 from .engine import Answer
 from .errors import ServiceError
 from .schemas import (
@@ -50,7 +51,7 @@ from .state import ServiceState
 
 FillMaskAnswer = list[FillMaskCandidate] | list[list[FillMaskCandidate]]
 ERRORS = {code: {"model": ErrorBody} for code in (400, 401, 413, 415, 422, 429, 500, 503, 504)}
-VERSION = "0.1.0"
+VERSION = package_version()
 
 
 def service(request: Request) -> ServiceState:

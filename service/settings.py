@@ -129,6 +129,19 @@ class ServiceSettings(BaseSettings):
                 raise ValueError(f"{path!r} is not a path (paths start with /)")
         return value
 
+    @field_validator("api_key")
+    @classmethod
+    def usable_key(cls, value: str | None) -> str | None:
+        """A key a client can send: an empty one would silently serve without a key (an unfilled
+        secret), and one with spaces or control characters could never match an Authorization header."""
+        if value is None:
+            return None
+        if not value:
+            raise ValueError("is empty: leave it unset to serve without a key, or give the key")
+        if not (value.isascii() and value.isprintable()) or " " in value:
+            raise ValueError("must be printable ASCII without spaces (it is sent in an Authorization header)")
+        return value
+
     @field_validator("models")
     @classmethod
     def distinct_model_names(cls, value: list[str]) -> list[str]:

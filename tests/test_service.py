@@ -1148,6 +1148,8 @@ INVALID_SETTINGS = {
     "BIGS_DRAIN_TIMEOUT_S": "-5",
     "BIGS_MAX_CONNECTIONS": "0",
     "BIGS_OPEN_PATHS": "health",
+    "BIGS_API_KEY": "",  # was: an unfilled secret silently served without a key
+    "BIGS_MAX_TOKENS_IN_FLIGHT": "0",
 }
 
 
