@@ -91,6 +91,7 @@ class Mix:
 class Record:
     def __init__(self):
         self.samples: list[tuple[float, float, int]] = []  # (sent at, latency s, status; 0 = no answer)
+        self.transport_errors: Counter[str] = Counter()  # the exceptions of the status-0 samples
         self.rss: list[tuple[float, float]] = []  # (seconds into the soak, bytes)
 
 
@@ -98,8 +99,9 @@ async def send(client: httpx.AsyncClient, path: str, body: dict, record: Record,
     sent = time.perf_counter()
     try:
         status = (await client.post(path, json=body)).status_code
-    except httpx.HTTPError:
+    except httpx.HTTPError as error:
         status = 0
+        record.transport_errors[type(error).__name__] += 1
     record.samples.append((sent - start, time.perf_counter() - sent, status))
 
 
@@ -166,6 +168,7 @@ def summarize(record: Record, capacity_rps: float, args: argparse.Namespace) -> 
         "requests": len(record.samples),
         "statuses": {str(k): v for k, v in sorted(statuses.items())},
         "errors": sum(v for k, v in statuses.items() if k not in (200, 429)),
+        "transport_errors": dict(record.transport_errors),
         "p50_ms_first_minute": round(percentile(first, 0.5) * 1000, 1),
         "p99_ms_first_minute": round(percentile(first, 0.99) * 1000, 1),
         "p50_ms_last_minute": round(percentile(last, 0.5) * 1000, 1),
@@ -184,7 +187,9 @@ def markdown(summary: dict) -> str:
 
 async def run(args: argparse.Namespace) -> dict:
     headers = {"authorization": f"Bearer {args.api_key}"} if args.api_key else {}
-    limits = httpx.Limits(max_connections=512, max_keepalive_connections=64)
+    # idle connections expire on the client before the server's keep-alive timeout (5 s) closes them:
+    # else a request sent on a connection the server is closing fails, a race of the client's making
+    limits = httpx.Limits(max_connections=512, max_keepalive_connections=64, keepalive_expiry=2.0)
     async with httpx.AsyncClient(base_url=args.host, headers=headers, timeout=120, limits=limits) as client:
         models = (await client.get("/v1/models")).json()["data"]
         mix = Mix(models, args.seed)
