@@ -3,7 +3,7 @@
 bigs train mlm|extend|classify [--config FILE] [key=value …]       train in JAX → artifact dir
 bigs serve --model NAME=EXPORT_DIR [--runtime onnx|stablehlo|torch]  serve over HTTP
 bigs serve --print-settings                                        the settings in effect, and from where
-bigs init OUT_DIR [--task mlm|classification] [--hidden-size …]   a fresh (untrained) artifact dir
+bigs init OUT_DIR [--task mlm|classification|qa|tokens] [--hidden-size …]   a fresh (untrained) artifact dir
 bigs convert flax-to-torch CKPT.msgpack CONFIG.json OUT_DIR        published Flax → artifact dir
 bigs convert torch-to-flax ARTIFACT_DIR OUT.msgpack                artifact dir → Flax params
 bigs bench torch-forward [--lengths 512 4096]                      torch eager latency
@@ -41,7 +41,13 @@ BENCHMARKS = {
 def cmd_init(args: argparse.Namespace) -> None:
     import torch
 
-    from model import BiGSConfig, BiGSForMaskedLM, BiGSForSequenceClassification
+    from model import (
+        BiGSConfig,
+        BiGSForMaskedLM,
+        BiGSForQuestionAnswering,
+        BiGSForSequenceClassification,
+        BiGSForTokenClassification,
+    )
     from model.hub import TRAINING_CARD, write_hub_files
     from model.tokenizer import save_tokenizer
 
@@ -54,7 +60,12 @@ def cmd_init(args: argparse.Namespace) -> None:
         **({"id2label": dict(enumerate(labels)), "label2id": {l: i for i, l in enumerate(labels)}} if labels else {}),
     )
     torch.manual_seed(args.seed)
-    model_class = BiGSForMaskedLM if args.task == "mlm" else BiGSForSequenceClassification
+    model_class = {
+        "mlm": BiGSForMaskedLM,
+        "classification": BiGSForSequenceClassification,
+        "qa": BiGSForQuestionAnswering,
+        "tokens": BiGSForTokenClassification,
+    }[args.task]
     model_class(config).save_pretrained(args.out_dir)
     save_tokenizer(args.out_dir, model_max_length=args.max_length)
     # The card says what the dir is (stage "init": no training), so its model card can say so too.
@@ -350,12 +361,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     init = sub.add_parser("init", help="write a fresh, untrained artifact dir (config, safetensors, tokenizer)")
     init.add_argument("out_dir")
-    init.add_argument("--task", choices=["mlm", "classification"], default="mlm")
+    init.add_argument("--task", choices=["mlm", "classification", "qa", "tokens"], default="mlm")
     init.add_argument("--hidden-size", type=int, default=768)
     init.add_argument("--layers", type=int, default=12)
     init.add_argument("--intermediate-size", type=int, default=None, help="default 3 x hidden size")
     init.add_argument("--max-length", type=int, default=4096)
-    init.add_argument("--labels", default=None, help="comma-separated class names (classification)")
+    init.add_argument("--labels", default=None, help="comma-separated class names (classification, tokens)")
     init.add_argument("--seed", type=int, default=0)
     init.set_defaults(func=cmd_init)
 
