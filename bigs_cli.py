@@ -1,6 +1,6 @@
 """`bigs` — the command line. Thin: parse, build the config, call one function.
 
-bigs train mlm|extend|classify [--config FILE] [key=value …]       train in JAX → artifact dir
+bigs train mlm|extend|classify|qa|tokens [--config FILE] [key=value …]   train in JAX → artifact dir
 bigs serve --model NAME=EXPORT_DIR [--runtime onnx|stablehlo|torch]  serve over HTTP
 bigs serve --print-settings                                        the settings in effect, and from where
 bigs init OUT_DIR [--task mlm|classification|qa|tokens] [--hidden-size …]   a fresh (untrained) artifact dir
@@ -372,13 +372,13 @@ def build_parser() -> argparse.ArgumentParser:
 
     train = sub.add_parser(
         "train",
-        help="train in JAX: mlm (pretraining), extend (longer inputs), classify (fine-tuning)",
+        help="train in JAX: mlm (pretraining), extend (longer inputs), classify, qa, tokens (fine-tuning)",
         description="Settings come from --config (JSON/TOML/YAML) and key=value overrides, e.g. "
         "bigs train mlm --config run.toml optim.learning_rate=1e-4 data.sources='[\"kjv\"]'",
         formatter_class=argparse.RawDescriptionHelpFormatter,
         populate=lambda p: setattr(p, "epilog", config_keys_help()),
     )
-    train.add_argument("stage", choices=["mlm", "extend", "classify"])
+    train.add_argument("stage", choices=["mlm", "extend", "classify", "qa", "tokens"])
     train.add_argument("--config", default=None, help="run config file (JSON, TOML or YAML)")
     train.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="e.g. num_steps=1000 output_dir=runs/x")
     train.set_defaults(func=cmd_train)
