@@ -73,7 +73,10 @@ def squad_f1(prediction: str, gold: str) -> float:
 
 def squad_scores(predictions: list[str], golds: list[list[str]]) -> dict[str, float]:
     """Mean over questions of the best exact match and F1 against any gold answer ([""] when impossible)."""
-    exact = [max(float(squad_normalize(p) == squad_normalize(g)) for g in gs) for p, gs in zip(predictions, golds, strict=True)]
+    exact = [
+        max(float(squad_normalize(p) == squad_normalize(g)) for g in gs)
+        for p, gs in zip(predictions, golds, strict=True)
+    ]
     f1 = [max(squad_f1(p, g) for g in gs) for p, gs in zip(predictions, golds, strict=True)]
     n = max(len(predictions), 1)
     return {"exact_match": 100.0 * sum(exact) / n, "f1": 100.0 * sum(f1) / n}
