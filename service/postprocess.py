@@ -128,9 +128,11 @@ def question_answers(
     inside = (ends < n) & allowed[:, None] & allowed[np.minimum(ends, n - 1)]
     scores = np.where(inside, start[:, None] * end[np.minimum(ends, n - 1)], np.float32(0.0))
     flat = scores.ravel()
-    candidates = min(top_k * 2 + 10, int(inside.sum()))
-    best = np.argpartition(-flat, candidates - 1)[:candidates] if candidates < len(flat) else np.arange(len(flat))
-    best = best[np.argsort(-flat[best], kind="stable")][:candidates]
+    spans = np.flatnonzero(inside.ravel())  # only these: a short input has fewer spans than candidates asked for
+    candidates = min(top_k * 2 + 10, len(spans))
+    if candidates < len(spans):
+        spans = spans[np.argpartition(-flat[spans], candidates - 1)[:candidates]]
+    best = spans[np.argsort(-flat[spans], kind="stable")]
 
     words = encoded.word_chars(1)
     answers: list[dict] = []

@@ -255,3 +255,27 @@ def test_models_lists_the_new_tasks_and_the_tag_labels(client):
     assert cards["qa"]["tasks"] == ["question-answering", "embeddings"]
     assert cards["tagger"]["tasks"] == ["token-classification", "embeddings"]
     assert cards["tagger"]["labels"] == TAGS
+
+
+def test_the_new_routes_keep_their_openapi_contract_under_generated_requests(client):
+    """tests/test_fuzz.py's checks (no 5xx, declared statuses, content types, headers and response schemas,
+    invalid data refused) on the two routes, against models that serve them (valid requests answer 200)."""
+    from collections import Counter
+
+    import schemathesis
+    from schemathesis import GenerationMode
+    from test_fuzz import fuzz
+
+    schema = schemathesis.openapi.from_url(f"{client.base_url}/openapi.json")
+    statuses: Counter[int] = Counter()
+    failures, sent = [], 0
+    for operation in (result.ok() for result in schema.get_all_operations()):
+        if operation.path not in ("/v1/question-answering", "/v1/token-classification"):
+            continue
+        for mode in (GenerationMode.POSITIVE, GenerationMode.NEGATIVE):
+            try:
+                sent += fuzz(operation, mode, str(client.base_url), statuses)
+            except Exception as failure:
+                failures.append(f"{operation.path} ({mode.value}): {failure}")
+    assert not failures, "\n\n".join(failures)
+    assert sent >= 150 and statuses[200] > 20, statuses
