@@ -134,7 +134,14 @@ def write_sentence_transformers_files(out_dir: str | Path) -> list[str]:
 # -- the model card ----------------------------------------------------------------------------------
 
 # held-out metric suffix in training_card.json → metric id on the Hub
-HUB_METRICS = {"accuracy": "accuracy", "f1_macro": "f1", "mcc": "matthews_correlation"}
+HUB_METRICS = {
+    "accuracy": "accuracy",
+    "f1_macro": "f1",
+    "mcc": "matthews_correlation",
+    "exact_match": "exact_match",
+    "f1": "f1",
+    "entity_f1": "f1",
+}
 
 
 def hub_datasets(card: dict) -> list[str]:
