@@ -117,7 +117,7 @@ def cmd_convert(args: argparse.Namespace) -> None:
         out.mkdir(parents=True, exist_ok=True)
         config = BiGSConfig(**json.loads(Path(args.config).read_text()))
         params = load_flax_msgpack(args.source)
-        config.architectures = ["BiGSForMaskedLM" if "cls" in params else "BiGSForSequenceClassification"]
+        config.architectures = [architecture_of_flax_tree(params)]
         config.save_pretrained(out)
         save_torch_safetensors(flax_to_torch(params), out / "model.safetensors")
         save_tokenizer(out, model_max_length=config.max_position_embeddings)
@@ -131,6 +131,18 @@ def cmd_convert(args: argparse.Namespace) -> None:
         params = torch_to_flax(load_torch_safetensors(Path(args.source) / "model.safetensors"))
         Path(args.destination).write_bytes(msgpack_serialize(params))
         print(f"wrote {args.destination}")
+
+
+def architecture_of_flax_tree(params: dict) -> str:
+    """Which head a Flax tree carries: the MLM's `cls`, QA's `qa_outputs`, or a `classifier` over the pooler
+    (sequence classification) or over every token (token classification: no pooler)."""
+    if "cls" in params:
+        return "BiGSForMaskedLM"
+    if "qa_outputs" in params:
+        return "BiGSForQuestionAnswering"
+    if "classifier" in params and "pooler" not in params.get("s4_bert", {}):
+        return "BiGSForTokenClassification"
+    return "BiGSForSequenceClassification"
 
 
 def cmd_export(args: argparse.Namespace) -> None:

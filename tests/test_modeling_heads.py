@@ -150,3 +150,20 @@ def test_auto_classes_build_the_heads_from_a_saved_dir(tmp_path):
         wide_model(cls, tiny(num_labels=3), seed=18).save_pretrained(tmp_path / cls.__name__)
         loaded = auto.from_pretrained(tmp_path / cls.__name__)
         assert type(loaded) is cls
+
+
+@pytest.mark.parametrize(
+    "module_class, architecture",
+    [
+        (FlaxBiGSForQuestionAnsweringModule, "BiGSForQuestionAnswering"),
+        (FlaxBiGSForTokenClassificationModule, "BiGSForTokenClassification"),
+    ],
+)
+def test_convert_names_the_architecture_of_a_flax_tree(module_class, architecture):
+    import bigs_cli
+    from model.modeling_flax_bigs import FlaxBiGSForMaskedLMModule, FlaxBiGSForSequenceClassificationModule
+
+    assert bigs_cli.architecture_of_flax_tree(init_params(module_class(tiny(num_labels=3)))) == architecture
+    assert bigs_cli.architecture_of_flax_tree(init_params(FlaxBiGSForMaskedLMModule(tiny()))) == "BiGSForMaskedLM"
+    classifier = init_params(FlaxBiGSForSequenceClassificationModule(tiny()))
+    assert bigs_cli.architecture_of_flax_tree(classifier) == "BiGSForSequenceClassification"
