@@ -1,9 +1,9 @@
 """`bigs` — the command line. Thin: parse, build the config, call one function.
 
-bigs train mlm|extend|classify [--config FILE] [key=value …]       train in JAX → artifact dir
+bigs train mlm|extend|classify|qa|tokens [--config FILE] [key=value …]   train in JAX → artifact dir
 bigs serve --model NAME=EXPORT_DIR [--runtime onnx|stablehlo|torch]  serve over HTTP
 bigs serve --print-settings                                        the settings in effect, and from where
-bigs init OUT_DIR [--task mlm|classification] [--hidden-size …]   a fresh (untrained) artifact dir
+bigs init OUT_DIR [--task mlm|classification|qa|tokens] [--hidden-size …]   a fresh (untrained) artifact dir
 bigs convert flax-to-torch CKPT.msgpack CONFIG.json OUT_DIR        published Flax → artifact dir
 bigs convert torch-to-flax ARTIFACT_DIR OUT.msgpack                artifact dir → Flax params
 bigs bench torch-forward [--lengths 512 4096]                      torch eager latency
@@ -41,7 +41,13 @@ BENCHMARKS = {
 def cmd_init(args: argparse.Namespace) -> None:
     import torch
 
-    from model import BiGSConfig, BiGSForMaskedLM, BiGSForSequenceClassification
+    from model import (
+        BiGSConfig,
+        BiGSForMaskedLM,
+        BiGSForQuestionAnswering,
+        BiGSForSequenceClassification,
+        BiGSForTokenClassification,
+    )
     from model.hub import TRAINING_CARD, write_hub_files
     from model.tokenizer import save_tokenizer
 
@@ -54,7 +60,12 @@ def cmd_init(args: argparse.Namespace) -> None:
         **({"id2label": dict(enumerate(labels)), "label2id": {l: i for i, l in enumerate(labels)}} if labels else {}),
     )
     torch.manual_seed(args.seed)
-    model_class = BiGSForMaskedLM if args.task == "mlm" else BiGSForSequenceClassification
+    model_class = {
+        "mlm": BiGSForMaskedLM,
+        "classification": BiGSForSequenceClassification,
+        "qa": BiGSForQuestionAnswering,
+        "tokens": BiGSForTokenClassification,
+    }[args.task]
     model_class(config).save_pretrained(args.out_dir)
     save_tokenizer(args.out_dir, model_max_length=args.max_length)
     # The card says what the dir is (stage "init": no training), so its model card can say so too.
@@ -106,7 +117,7 @@ def cmd_convert(args: argparse.Namespace) -> None:
         out.mkdir(parents=True, exist_ok=True)
         config = BiGSConfig(**json.loads(Path(args.config).read_text()))
         params = load_flax_msgpack(args.source)
-        config.architectures = ["BiGSForMaskedLM" if "cls" in params else "BiGSForSequenceClassification"]
+        config.architectures = [architecture_of_flax_tree(params)]
         config.save_pretrained(out)
         save_torch_safetensors(flax_to_torch(params), out / "model.safetensors")
         save_tokenizer(out, model_max_length=config.max_position_embeddings)
@@ -120,6 +131,18 @@ def cmd_convert(args: argparse.Namespace) -> None:
         params = torch_to_flax(load_torch_safetensors(Path(args.source) / "model.safetensors"))
         Path(args.destination).write_bytes(msgpack_serialize(params))
         print(f"wrote {args.destination}")
+
+
+def architecture_of_flax_tree(params: dict) -> str:
+    """Which head a Flax tree carries: the MLM's `cls`, QA's `qa_outputs`, or a `classifier` over the pooler
+    (sequence classification) or over every token (token classification: no pooler)."""
+    if "cls" in params:
+        return "BiGSForMaskedLM"
+    if "qa_outputs" in params:
+        return "BiGSForQuestionAnswering"
+    if "classifier" in params and "pooler" not in params.get("s4_bert", {}):
+        return "BiGSForTokenClassification"
+    return "BiGSForSequenceClassification"
 
 
 def cmd_export(args: argparse.Namespace) -> None:
@@ -350,24 +373,24 @@ def build_parser() -> argparse.ArgumentParser:
 
     init = sub.add_parser("init", help="write a fresh, untrained artifact dir (config, safetensors, tokenizer)")
     init.add_argument("out_dir")
-    init.add_argument("--task", choices=["mlm", "classification"], default="mlm")
+    init.add_argument("--task", choices=["mlm", "classification", "qa", "tokens"], default="mlm")
     init.add_argument("--hidden-size", type=int, default=768)
     init.add_argument("--layers", type=int, default=12)
     init.add_argument("--intermediate-size", type=int, default=None, help="default 3 x hidden size")
     init.add_argument("--max-length", type=int, default=4096)
-    init.add_argument("--labels", default=None, help="comma-separated class names (classification)")
+    init.add_argument("--labels", default=None, help="comma-separated class names (classification, tokens)")
     init.add_argument("--seed", type=int, default=0)
     init.set_defaults(func=cmd_init)
 
     train = sub.add_parser(
         "train",
-        help="train in JAX: mlm (pretraining), extend (longer inputs), classify (fine-tuning)",
+        help="train in JAX: mlm (pretraining), extend (longer inputs), classify, qa, tokens (fine-tuning)",
         description="Settings come from --config (JSON/TOML/YAML) and key=value overrides, e.g. "
         "bigs train mlm --config run.toml optim.learning_rate=1e-4 data.sources='[\"kjv\"]'",
         formatter_class=argparse.RawDescriptionHelpFormatter,
         populate=lambda p: setattr(p, "epilog", config_keys_help()),
     )
-    train.add_argument("stage", choices=["mlm", "extend", "classify"])
+    train.add_argument("stage", choices=["mlm", "extend", "classify", "qa", "tokens"])
     train.add_argument("--config", default=None, help="run config file (JSON, TOML or YAML)")
     train.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="e.g. num_steps=1000 output_dir=runs/x")
     train.set_defaults(func=cmd_train)

@@ -1,7 +1,8 @@
 """Export: an artifact dir → a self-contained export dir (ONNX and StableHLO per length bucket).
 
     build.py              `bigs export ARTIFACT_DIR OUT_DIR`: copy, export, measure, hash, manifest
-    heads.py              the heads (fill-mask, classification, embeddings) and each one's signature
+    heads.py              the heads (fill-mask, classification, question-answering, token-classification,
+                          embeddings) and each one's signature
     modules.py            the torch model with SSMs frozen per bucket; the head wrappers ONNX exports
     onnx.py               torch → ONNX per bucket, ORT offline optimisation, int8, one shared weights file
     stablehlo.py          Flax → `jax.export` per head and bucket, weights as arguments or embedded

@@ -24,7 +24,7 @@ from pathlib import Path
 from model.hub import write_hub_files
 
 from . import parity
-from .heads import heads_for
+from .heads import LABELLED_ARCHITECTURES, heads_for
 from .integrity import file_table
 from .manifest import Int8Accuracy, Manifest, ModelInfo, Parity, TokenizerInfo, versions
 from .verify import DEFAULT_TOLERANCE
@@ -124,7 +124,7 @@ def export_artifact(artifact_dir: str | Path, out_dir: str | Path, options: Expo
         ),
         heads=heads_for(architecture),
         embeddings="mean of the last hidden state over real tokens (attention_mask = 1), before the pooler",
-        labels=dict(config.id2label) if architecture == "BiGSForSequenceClassification" else None,
+        labels=dict(config.id2label) if architecture in LABELLED_ARCHITECTURES else None,
         tokenizer=ensure_tokenizer(out_dir, config),
         buckets=buckets,
         parity=Parity(

@@ -5,6 +5,11 @@ A *head* is one output of the model that a request can ask for (the public API c
     fill-mask       (input_ids, attention_mask, token_type_ids, mask_positions) → logits (B, P, vocab)
                     the MLM head at the P positions asked for, never over all L positions
     classification  (input_ids, attention_mask, token_type_ids) → logits (B, num_labels)
+    question-answering
+                    (input_ids, attention_mask, token_type_ids) → logits (B, L, 2)
+                    start ([..., 0]) and end ([..., 1]) logits of the answer span at every position
+    token-classification
+                    (input_ids, attention_mask, token_type_ids) → logits (B, L, num_labels)
     embeddings      (input_ids, attention_mask, token_type_ids) → embeddings (B, d)
                     the mean of the last hidden state over real tokens, before the pooler
 
@@ -22,7 +27,7 @@ from typing import Literal
 
 import numpy as np
 
-Head = Literal["fill-mask", "classification", "embeddings"]
+Head = Literal["fill-mask", "classification", "question-answering", "token-classification", "embeddings"]
 
 SEQUENCE_INPUTS = ("input_ids", "attention_mask", "token_type_ids")
 MASK_POSITIONS = "mask_positions"
@@ -42,6 +47,9 @@ class HeadSignature:
 SIGNATURES: dict[str, HeadSignature] = {
     "fill-mask": HeadSignature("fill-mask", (*SEQUENCE_INPUTS, MASK_POSITIONS), "logits"),
     "classification": HeadSignature("classification", SEQUENCE_INPUTS, "logits"),
+    # One output of both span ends (not two): every head has one output, and they come from one Dense.
+    "question-answering": HeadSignature("question-answering", SEQUENCE_INPUTS, "logits"),
+    "token-classification": HeadSignature("token-classification", SEQUENCE_INPUTS, "logits"),
     "embeddings": HeadSignature("embeddings", SEQUENCE_INPUTS, "embeddings"),
 }
 
@@ -50,7 +58,12 @@ SIGNATURES: dict[str, HeadSignature] = {
 HEADS_OF_ARCHITECTURE: dict[str, list[Head]] = {
     "BiGSForMaskedLM": ["fill-mask", "embeddings"],
     "BiGSForSequenceClassification": ["classification", "embeddings"],
+    "BiGSForQuestionAnswering": ["question-answering", "embeddings"],
+    "BiGSForTokenClassification": ["token-classification", "embeddings"],
 }
+
+# Architectures whose config's id2label names the classes of their logits (the manifest's `labels`).
+LABELLED_ARCHITECTURES = ("BiGSForSequenceClassification", "BiGSForTokenClassification")
 
 
 def signature(head: str) -> HeadSignature:
@@ -66,7 +79,7 @@ def heads_for(architecture: str) -> list[Head]:
 
 
 def primary_head(architecture: str) -> Head:
-    """The architecture's own head (fill-mask or classification): its graphs' first output."""
+    """The architecture's own head (everything but embeddings): its graphs' first output."""
     return heads_for(architecture)[0]
 
 

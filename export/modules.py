@@ -16,6 +16,8 @@ whole model). The head wrappers fix the ONNX signature, all int64, batch B dynam
     fill-mask       input_ids, attention_mask, token_type_ids (B, L), mask_positions (B, P), P dynamic
                     → logits (B, P, vocab) at those positions only, embeddings (B, d)
     classification  input_ids, attention_mask, token_type_ids (B, L) → logits (B, num_labels), embeddings (B, d)
+    question-answering, token-classification
+                    input_ids, attention_mask, token_type_ids (B, L) → logits (B, L, 2 | num_labels), embeddings (B, d)
 
 `embeddings` is the mean of the last hidden state over real tokens (attention_mask = 1), before the
 pooler's dense + tanh: the sentence embedding of the backbone, the same for both architectures.
@@ -30,7 +32,14 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from model.modeling_bigs import BiGSForMaskedLM, BiGSForSequenceClassification, S4dLayer, mean_pool
+from model.modeling_bigs import (
+    BiGSForMaskedLM,
+    BiGSForQuestionAnswering,
+    BiGSForSequenceClassification,
+    BiGSForTokenClassification,
+    S4dLayer,
+    mean_pool,
+)
 from model.ssm import chunked_weights, toeplitz_matrix
 
 from .heads import SIGNATURES
@@ -208,9 +217,30 @@ class ClassificationExport(nn.Module):
         return logits, mean_pool(X, attention_mask)
 
 
+class PerTokenExport(nn.Module):
+    """(input_ids, attention_mask, token_type_ids) → (logits (B, L, k), embeddings (B, d)), k = 2 (start,
+    end) for question answering, num_labels for token classification: the head's Dense on every position."""
+
+    def __init__(self, model: BiGSForQuestionAnswering | BiGSForTokenClassification):
+        super().__init__()
+        self.model = model
+        head = "question-answering" if isinstance(model, BiGSForQuestionAnswering) else "token-classification"
+        self.input_names = SIGNATURES[head].inputs
+        self.output_names = (SIGNATURES[head].output, SIGNATURES["embeddings"].output)
+        self.dense = model.qa_outputs if isinstance(model, BiGSForQuestionAnswering) else model.classifier
+
+    def forward(self, input_ids, attention_mask, token_type_ids):
+        X = self.model.bigs(
+            input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids, return_dict=True
+        ).last_hidden_state  # (B, L, d)
+        return self.dense(X), mean_pool(X, attention_mask)  # dropout is identity in eval
+
+
 def export_wrapper(model: nn.Module) -> nn.Module:
     if isinstance(model, BiGSForMaskedLM):
         return FillMaskExport(model).eval()
     if isinstance(model, BiGSForSequenceClassification):
         return ClassificationExport(model).eval()
+    if isinstance(model, BiGSForQuestionAnswering | BiGSForTokenClassification):
+        return PerTokenExport(model).eval()
     raise TypeError(f"no export wrapper for {type(model).__name__}")

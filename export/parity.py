@@ -21,13 +21,22 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from model.modeling_bigs import BiGSForMaskedLM, BiGSForSequenceClassification, mean_pool
+from model.modeling_bigs import (
+    BiGSForMaskedLM,
+    BiGSForQuestionAnswering,
+    BiGSForSequenceClassification,
+    BiGSForTokenClassification,
+    mean_pool,
+)
 
 from .heads import MASK_POSITIONS, SEQUENCE_INPUTS
 from .manifest import Manifest, Measured
 
 POSITIONS_PER_SEQUENCE = 3
-ARCHITECTURES = {"BiGSForMaskedLM": BiGSForMaskedLM, "BiGSForSequenceClassification": BiGSForSequenceClassification}
+ARCHITECTURES = {
+    cls.__name__: cls
+    for cls in (BiGSForMaskedLM, BiGSForSequenceClassification, BiGSForQuestionAnswering, BiGSForTokenClassification)
+}
 
 
 def architecture_of(config) -> str:
@@ -94,6 +103,9 @@ def reference_outputs(model: torch.nn.Module, inputs: dict[str, np.ndarray]) -> 
     if isinstance(model, BiGSForMaskedLM):
         positions = torch.from_numpy(inputs[MASK_POSITIONS])
         logits = model(ids, attention_mask=mask, token_type_ids=types, logits_positions=positions).logits
+    elif isinstance(model, BiGSForQuestionAnswering):  # the head's one output: (B, L, 2), start then end
+        spans = model(ids, attention_mask=mask, token_type_ids=types)
+        logits = torch.stack([spans.start_logits, spans.end_logits], dim=-1)
     else:
         logits = model(ids, attention_mask=mask, token_type_ids=types).logits
     out["logits"] = logits.numpy()

@@ -33,7 +33,9 @@ from model.configuration_bigs import BiGSConfig
 from model.convert import flax_path_to_torch_key, torch_to_flax
 from model.modeling_flax_bigs import (
     FlaxBiGSForMaskedLMModule,
+    FlaxBiGSForQuestionAnsweringModule,
     FlaxBiGSForSequenceClassificationModule,
+    FlaxBiGSForTokenClassificationModule,
     FlaxBiGSModule,
     mean_pool,
 )
@@ -85,6 +87,16 @@ def head_spec(config: BiGSConfig, head: str) -> tuple[Callable, Callable[[Mappin
             sig.inputs,
             (sig.output,),
         )
+    if head in ("question-answering", "token-classification"):
+        qa = head == "question-answering"
+        module = (FlaxBiGSForQuestionAnsweringModule if qa else FlaxBiGSForTokenClassificationModule)(config)
+        dense = "qa_outputs" if qa else "classifier"
+
+        def apply(tree, input_ids, attention_mask, token_type_ids):
+            out = module.apply({"params": tree}, input_ids, attention_mask, token_type_ids)
+            return {sig.output: jnp.stack(out, axis=-1) if qa else out}  # QA: (b, L, 2), start then end
+
+        return apply, lambda full: {"s4_bert": without_pooler(full), dense: full[dense]}, sig.inputs, (sig.output,)
     if head == "embeddings":
         module = FlaxBiGSModule(config, add_pooling_layer=False)
 

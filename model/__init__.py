@@ -20,7 +20,13 @@ else:
 
     from . import modeling_bigs
     from .hub import AUTO_MAP
-    from .modeling_bigs import BiGSForMaskedLM, BiGSForSequenceClassification, BiGSModel
+    from .modeling_bigs import (
+        BiGSForMaskedLM,
+        BiGSForQuestionAnswering,
+        BiGSForSequenceClassification,
+        BiGSForTokenClassification,
+        BiGSModel,
+    )
 
     # The same classes that a saved dir's auto_map names (model/hub.py).
     transformers.AutoConfig.register(BiGSConfig.model_type, BiGSConfig, exist_ok=True)
@@ -28,4 +34,10 @@ else:
         module, name = reference.split(".")
         if module == "modeling_bigs":
             getattr(transformers, auto_class).register(BiGSConfig, getattr(modeling_bigs, name), exist_ok=True)
-    __all__ += ["BiGSModel", "BiGSForMaskedLM", "BiGSForSequenceClassification"]
+    __all__ += [
+        "BiGSModel",
+        "BiGSForMaskedLM",
+        "BiGSForSequenceClassification",
+        "BiGSForQuestionAnswering",
+        "BiGSForTokenClassification",
+    ]

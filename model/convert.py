@@ -9,6 +9,10 @@ without importing torch, and the service can read either. The mapping is by name
            bigs.encoder.layer.{i}.fs4.kernel.A_re           s4_bert/encoder/layer/{i}/fs4/A_re
            bigs.encoder.layer.{i}.fs4.D                     s4_bert/encoder/layer/{i}/fs4/D
            cls.predictions.*, classifier.*                  cls/predictions/*, classifier/*
+           qa_outputs.*                                     qa_outputs/*   (question answering)
+
+The heads' own layers (`classifier` of sequence and token classification, `qa_outputs`) follow the
+generic rule; the QA and token heads, like the MLM, run no pooler and a Flax tree of theirs has none.
 
 Published torch checkpoints also carry copies that the Flax tree does not hold: the tied decoder
 (`cls.predictions.decoder.{weight,bias}`) and the `position_ids` buffer. `flax_to_torch` writes the

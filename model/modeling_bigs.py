@@ -22,7 +22,9 @@ from transformers.activations import ACT2FN
 from transformers.modeling_outputs import (
     BaseModelOutputWithPooling,
     MaskedLMOutput,
+    QuestionAnsweringModelOutput,
     SequenceClassifierOutput,
+    TokenClassifierOutput,
 )
 
 from .configuration_bigs import BiGSConfig
@@ -447,3 +449,109 @@ class BiGSForSequenceClassification(BiGSPreTrainedModel):
         if self.config.problem_type == "single_label_classification":
             return CrossEntropyLoss()(logits.view(-1, self.num_labels), labels.view(-1))
         return BCEWithLogitsLoss()(logits, labels.to(logits.dtype))
+
+
+class BiGSForQuestionAnswering(BiGSPreTrainedModel):
+    """Extractive question answering: a dense d → 2 on every position gives the start and end logits
+    of the answer span (BERT's `qa_outputs`, so transformers' question-answering pipeline reads it).
+
+    The whole context is read in one pass, up to `max_position_embeddings` tokens: no attention, so
+    nothing quadratic forces a sliding window. With `start_positions` and `end_positions` (B,) the
+    loss is the mean of the two cross-entropies over positions; a position outside the sequence is
+    clamped to L and ignored, as Hugging Face's BERT does.
+    """
+
+    # Runs no pooler; a tree trained in Flax has none (as the MLM).
+    _keys_to_ignore_on_load_missing = [r"position_ids", r"bigs\.pooler\."]
+
+    def __init__(self, config: BiGSConfig):
+        super().__init__(config)
+        self.bigs = BiGSModel(config)
+        self.qa_outputs = nn.Linear(config.hidden_size, 2)
+        self.post_init()
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        token_type_ids: torch.Tensor | None = None,
+        position_ids: torch.Tensor | None = None,
+        start_positions: torch.Tensor | None = None,
+        end_positions: torch.Tensor | None = None,
+        output_hidden_states: bool | None = None,
+        return_dict: bool | None = None,
+        **kwargs,
+    ):
+        if return_dict is None:
+            return_dict = self.config.return_dict
+        outputs = self.bigs(
+            input_ids,
+            attention_mask=attention_mask,
+            token_type_ids=token_type_ids,
+            position_ids=position_ids,
+            output_hidden_states=output_hidden_states,
+            return_dict=True,
+        )
+        logits = self.qa_outputs(outputs.last_hidden_state)  # (B, L, 2)
+        start_logits, end_logits = (t.squeeze(-1).contiguous() for t in logits.split(1, dim=-1))  # (B, L) each
+        loss = None
+        if start_positions is not None and end_positions is not None:
+            ignored = start_logits.size(1)
+            start = start_positions.reshape(-1).clamp(0, ignored)
+            end = end_positions.reshape(-1).clamp(0, ignored)
+            cross_entropy = CrossEntropyLoss(ignore_index=ignored)
+            loss = (cross_entropy(start_logits, start) + cross_entropy(end_logits, end)) / 2
+        if not return_dict:
+            out = (start_logits, end_logits) + ((outputs.hidden_states,) if outputs.hidden_states is not None else ())
+            return ((loss,) + out) if loss is not None else out
+        return QuestionAnsweringModelOutput(
+            loss=loss, start_logits=start_logits, end_logits=end_logits, hidden_states=outputs.hidden_states
+        )
+
+
+class BiGSForTokenClassification(BiGSPreTrainedModel):
+    """One label per token (named entities, parts of speech): dropout + a dense d → num_labels on every
+    position (BERT's `classifier`, so transformers' token-classification pipeline reads it). The loss
+    is the cross-entropy over positions whose label is not -100 (sub-words after a word's first,
+    special tokens, padding)."""
+
+    _keys_to_ignore_on_load_missing = [r"position_ids", r"bigs\.pooler\."]
+
+    def __init__(self, config: BiGSConfig):
+        super().__init__(config)
+        self.num_labels = config.num_labels
+        self.bigs = BiGSModel(config)
+        dropout = config.classifier_dropout if config.classifier_dropout is not None else config.hidden_dropout_prob
+        self.dropout = nn.Dropout(dropout)
+        self.classifier = nn.Linear(config.hidden_size, config.num_labels)
+        self.post_init()
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        token_type_ids: torch.Tensor | None = None,
+        position_ids: torch.Tensor | None = None,
+        labels: torch.Tensor | None = None,
+        output_hidden_states: bool | None = None,
+        return_dict: bool | None = None,
+        **kwargs,
+    ):
+        if return_dict is None:
+            return_dict = self.config.return_dict
+        outputs = self.bigs(
+            input_ids,
+            attention_mask=attention_mask,
+            token_type_ids=token_type_ids,
+            position_ids=position_ids,
+            output_hidden_states=output_hidden_states,
+            return_dict=True,
+        )
+        logits = self.classifier(self.dropout(outputs.last_hidden_state))  # (B, L, num_labels)
+        loss = None
+        if labels is not None:
+            loss = CrossEntropyLoss()(logits.view(-1, self.num_labels), labels.view(-1))  # ignore_index -100
+        if not return_dict:
+            out = (logits,) + ((outputs.hidden_states,) if outputs.hidden_states is not None else ())
+            return ((loss,) + out) if loss is not None else out
+        return TokenClassifierOutput(loss=loss, logits=logits, hidden_states=outputs.hidden_states)

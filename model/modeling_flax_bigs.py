@@ -347,3 +347,55 @@ def init_params(module: nn.Module, seed: int = 0, length: int = 8):
     """Fresh parameters for a Flax BiGS module (the tree does not depend on `length`)."""
     ids = jnp.zeros((1, length), dtype=jnp.int32)
     return module.init(jax.random.PRNGKey(seed), ids)["params"]
+
+
+class FlaxBiGSForQuestionAnsweringModule(nn.Module):
+    """Extractive QA: (start_logits, end_logits), each (B, L), from a dense d → 2 (`qa_outputs`) on
+    every position; the torch `BiGSForQuestionAnswering`."""
+
+    config: BiGSConfig
+    dtype: jnp.dtype = jnp.float32
+
+    @nn.compact
+    def __call__(
+        self,
+        input_ids,
+        attention_mask=None,
+        token_type_ids=None,
+        position_ids=None,
+        deterministic: bool = True,
+        output_hidden_states: bool = False,
+    ):
+        X, _, all_hidden = FlaxBiGSModule(self.config, dtype=self.dtype, add_pooling_layer=False, name="s4_bert")(
+            input_ids, attention_mask, token_type_ids, position_ids, deterministic, output_hidden_states
+        )
+        logits = nn.Dense(2, dtype=self.dtype, name="qa_outputs")(X)  # (B, L, 2)
+        spans = (logits[..., 0], logits[..., 1])
+        return (spans, all_hidden) if output_hidden_states else spans
+
+
+class FlaxBiGSForTokenClassificationModule(nn.Module):
+    """Per-token logits (B, L, num_labels): dropout + a dense `classifier` on every position; the torch
+    `BiGSForTokenClassification`."""
+
+    config: BiGSConfig
+    dtype: jnp.dtype = jnp.float32
+
+    @nn.compact
+    def __call__(
+        self,
+        input_ids,
+        attention_mask=None,
+        token_type_ids=None,
+        position_ids=None,
+        deterministic: bool = True,
+        output_hidden_states: bool = False,
+    ):
+        c = self.config
+        X, _, all_hidden = FlaxBiGSModule(c, dtype=self.dtype, add_pooling_layer=False, name="s4_bert")(
+            input_ids, attention_mask, token_type_ids, position_ids, deterministic, output_hidden_states
+        )
+        rate = c.classifier_dropout if c.classifier_dropout is not None else c.hidden_dropout_prob
+        X = nn.Dropout(rate=rate)(X, deterministic=deterministic)
+        logits = nn.Dense(c.num_labels, dtype=self.dtype, name="classifier")(X)
+        return (logits, all_hidden) if output_hidden_states else logits

@@ -1,8 +1,8 @@
 """The inference facade: one `ModelEngine` per served model, the middle of every request's path.
 
 A route handler validates the body, asks the service state for the engine, calls ONE method of it
-(`fill_mask`, `classify`, `embed`; `rerank`, built on `classify` or `embed`; `tokenize` and `decode`,
-the model's tokenizer alone) and shapes the answer. Everything between lives here, in the
+(`fill_mask`, `classify`, `embed`, `question_answering`, `token_classification`; `rerank`, built on
+`classify` or `embed`; `tokenize` and `decode`, the model's tokenizer alone) and shapes the answer. Everything between lives here, in the
 order a request meets it:
 
     (admitted)   the request already holds a permit of the service-wide bound on requests in
@@ -42,11 +42,25 @@ from .batcher import DeadlineExceeded, Job, ModelBatcher, RuntimeFailure
 from .buckets import bucket_for
 from .errors import ServiceError
 from .metrics import ServiceMetrics
-from .postprocess import classification_scores, default_function, fill_mask_candidates, l2_normalize
+from .postprocess import (
+    classification_scores,
+    default_function,
+    fill_mask_candidates,
+    l2_normalize,
+    question_answers,
+    token_entities,
+)
 from .runtimes import Runtime, load_runtime
-from .schemas import ClassifyParameters, EmbedParameters, FillMaskParameters, ModelCard
+from .schemas import (
+    ClassifyParameters,
+    EmbedParameters,
+    FillMaskParameters,
+    ModelCard,
+    QuestionAnsweringParameters,
+    TokenClassificationParameters,
+)
 from .settings import ServiceSettings
-from .tokenization import Encoded, RequestTokenizer, TooLong
+from .tokenization import Encoded, RequestTokenizer, SpanEncoded, TooLong
 
 # Postprocessing more than this (masks × vocabulary softmax entries, plus candidates × input tokens for
 # their sequences) runs in a worker thread; smaller answers are quicker done on the loop than handed off.
@@ -223,6 +237,51 @@ class ModelEngine:
             vectors = l2_normalize(vectors)
         return Answer(vectors.tolist(), jobs)
 
+    async def question_answering(
+        self, items: list[tuple[str, str]], params: QuestionAnsweringParameters, client_gone: ClientGone
+    ) -> Answer:
+        """Per (question, context): the best `top_k` answer spans of the context, as transformers'
+        question-answering pipeline scores them, from ONE forward pass over the whole context (up to the
+        model's longest bucket; longer is 413 unless `truncate`, which cuts the context, never the question)."""
+        deadline = self._deadline()
+        self._check_count(items)
+        encoded = await self._encode_spans(items, params.truncate, "only_second", deadline)
+        with self._admit_tokens(encoded):
+            jobs = self._submit("question-answering", encoded, deadline)
+            outputs = await self._await(jobs, client_gone)
+        work = sum(enc.length * params.max_answer_len for enc in encoded)
+        content = await self._postprocess(
+            work,
+            lambda: [
+                question_answers(logits, enc, context, params.top_k, params.max_answer_len,
+                                 params.handle_impossible_answer)
+                for (_, context), enc, logits in zip(items, encoded, outputs, strict=True)
+            ],
+        )  # fmt: skip
+        return Answer(content, jobs)
+
+    async def token_classification(
+        self, texts: list[str], params: TokenClassificationParameters, client_gone: ClientGone
+    ) -> Answer:
+        """Per text: its labelled tokens, words or entities (`aggregation_strategy`), as transformers'
+        token-classification pipeline, with character offsets; up to the model's longest bucket in one pass."""
+        deadline = self._deadline()
+        self._check_count(texts)
+        encoded = await self._encode_spans(texts, params.truncate, "longest_first", deadline)
+        with self._admit_tokens(encoded):
+            jobs = self._submit("token-classification", encoded, deadline)
+            outputs = await self._await(jobs, client_gone)
+        work = sum(enc.length * len(self.id2label) for enc in encoded)
+        content = await self._postprocess(
+            work,
+            lambda: [
+                token_entities(logits, enc, text, self.id2label, params.aggregation_strategy, params.ignore_labels,
+                               self.tokenizer)
+                for text, enc, logits in zip(texts, encoded, outputs, strict=True)
+            ],
+        )  # fmt: skip
+        return Answer(content, jobs)
+
     async def rerank(
         self, query: str, texts: list[str], cross: bool, raw_scores: bool, truncate: bool, client_gone: ClientGone
     ) -> tuple[list[float], Answer]:
@@ -311,6 +370,17 @@ class ModelEngine:
             ) from None
         except ValueError as error:  # a token id outside the vocabulary
             raise ServiceError(422, "validation", str(error)) from None
+
+    async def _encode_spans(self, items: list, truncate: bool, strategy: str, deadline: float) -> list[SpanEncoded]:
+        """`_encode` for the per-token heads: the same thread, deadline and errors, with offsets kept."""
+        try:
+            with self.batcher.expecting():
+                work = asyncio.to_thread(self.tokenizer.encode_spans, items, truncate, strategy)
+                return await asyncio.wait_for(work, max(0.0, deadline - time.perf_counter()))
+        except TimeoutError:
+            raise ServiceError(504, "timeout", "the request deadline passed while its inputs were tokenized") from None
+        except TooLong as error:
+            raise ServiceError(413, "too_long", str(error)) from None
 
     def _mask_positions(self, index: int, encoded: Encoded) -> np.ndarray:
         found = np.flatnonzero(encoded.input_ids == self.tokenizer.mask_token_id)

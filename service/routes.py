@@ -37,6 +37,8 @@ from .schemas import (
     ModelsResponse,
     OpenAIEmbeddingsRequest,
     OpenAIEmbeddingsResponse,
+    QuestionAnswer,
+    QuestionAnsweringRequest,
     TEIDecodeRequest,
     TEIEmbedRequest,
     TEIInfo,
@@ -45,6 +47,8 @@ from .schemas import (
     TEIRerankRequest,
     TEIToken,
     TEITokenizeRequest,
+    TokenClassificationRequest,
+    TokenEntity,
     tei_items,
 )
 from .state import ServiceState
@@ -231,6 +235,82 @@ async def openai_embeddings(body: OpenAIEmbeddingsRequest, request: Request):
         "usage": {"prompt_tokens": answer.tokens, "total_tokens": answer.tokens},
     }
     return JSONResponse(content, headers=answer.headers(started))
+
+
+QA_DESCRIPTION = """Extractive question answering, Hugging Face's format: `inputs` one `{question, context}` or a
+list; per input the best answer `{answer, score, start, end}` (`start`/`end`: characters of the context), or
+a list of `top_k` of them.
+
+The context is read whole, in ONE forward pass, up to the model's longest bucket (4,096 tokens for the long
+models): no 384-token windows with a stride. Tokenized as a pair, question first (as transformers does);
+longer than the model is 413 unless `truncate`, which cuts the context and never the question. Spans are
+scored as transformers' question-answering pipeline scores them: softmax over the context's start and end
+logits, spans of at most `max_answer_len` tokens widened to whole words; with `handle_impossible_answer`
+the no-answer ([CLS]) competes and answers `{answer: "", start: 0, end: 0}`."""
+
+
+@api.post(
+    "/question-answering",
+    summary="Answer questions from a context of up to the model's maximum length (Hugging Face format)",
+    description=QA_DESCRIPTION,
+    responses={200: {"model": QuestionAnswer | list[QuestionAnswer] | list[QuestionAnswer | list[QuestionAnswer]]}},
+    openapi_extra=body_examples(
+        {
+            "one": {
+                "value": {"inputs": {"question": "When was it built?", "context": "The lighthouse was built in 1874."}}
+            },
+            "top_k": {
+                "value": {
+                    "inputs": {"question": "Who founded the club?", "context": "Ada Brennan founded it in 1952."},
+                    "parameters": {"top_k": 3, "max_answer_len": 10, "handle_impossible_answer": True},
+                }
+            },
+        }
+    ),
+)
+async def question_answering(body: QuestionAnsweringRequest, request: Request):
+    started = time.perf_counter()
+    engine = service(request).engine_for(body.model, "question-answering")
+    items, many = as_list(body.inputs)
+    answer = await engine.question_answering(
+        [(item.question, item.context) for item in items], body.parameters, watch_disconnect(request)
+    )
+    # transformers' shape: one answer as an object, several as a list
+    answer.content = [spans[0] if len(spans) == 1 else spans for spans in answer.content]
+    return respond(answer, many, started)
+
+
+TOKENS_DESCRIPTION = """Token classification (named entities, tags), Hugging Face's format: per input a list of
+`{entity, score, index, word, start, end}` per token (`aggregation_strategy` none), or of
+`{entity_group, score, word, start, end}` per group of tokens (simple, first, average, max), exactly as
+transformers' token-classification pipeline; `start`/`end` are characters of the input. Labels in
+`ignore_labels` (default `["O"]`) are left out. A list of inputs answers a list of lists. Inputs up to the
+model's longest bucket in one pass; longer is 413 unless `truncate`."""
+
+
+@api.post(
+    "/token-classification",
+    summary="Label every token or entity of texts (Hugging Face token-classification format)",
+    description=TOKENS_DESCRIPTION,
+    responses={200: {"model": list[TokenEntity] | list[list[TokenEntity]]}},
+    openapi_extra=body_examples(
+        {
+            "simple": {
+                "value": {
+                    "inputs": "Ada Brennan founded the club in Millbay.",
+                    "parameters": {"aggregation_strategy": "simple"},
+                }
+            },
+            "tokens": {"value": {"inputs": ["Maria works in Lisbon."], "parameters": {"ignore_labels": []}}},
+        }
+    ),
+)
+async def token_classification(body: TokenClassificationRequest, request: Request):
+    started = time.perf_counter()
+    engine = service(request).engine_for(body.model, "token-classification")
+    texts, many = as_list(body.inputs)
+    answer = await engine.token_classification(texts, body.parameters, watch_disconnect(request))
+    return respond(answer, many, started)
 
 
 @api.get(

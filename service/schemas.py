@@ -140,6 +140,85 @@ class EmbedRequest(_Body):
         return value
 
 
+class QuestionContext(_Body):
+    question: str
+    context: str
+
+    @field_validator("question", "context")
+    @classmethod
+    def check_text(cls, value):
+        return _not_blank(value)
+
+
+class QuestionAnsweringParameters(_Body):
+    top_k: StrictInt = Field(1, ge=1, le=100, description="answers per input (fewer when fewer spans exist)")
+    max_answer_len: StrictInt = Field(15, ge=1, le=512, description="longest answer, in tokens")
+    handle_impossible_answer: StrictBool = Field(
+        False, description="let the no-answer ([CLS]'s score) compete; it answers {answer: '', start: 0, end: 0}"
+    )
+    truncate: StrictBool = Field(
+        False, description="cut a context longer than the model (never the question) instead of answering 413"
+    )
+
+
+class QuestionAnsweringRequest(_Body):
+    inputs: QuestionContext | Annotated[list[QuestionContext], Field(max_length=MAX_LIST_INPUTS)]
+    parameters: QuestionAnsweringParameters = Field(default_factory=QuestionAnsweringParameters)
+    model: str | None = None
+
+    @field_validator("inputs")
+    @classmethod
+    def check_inputs(cls, value):
+        if isinstance(value, list) and not value:
+            raise ValueError("inputs is an empty list")
+        return value
+
+
+class QuestionAnswer(BaseModel):
+    answer: str
+    score: float
+    start: int = Field(description="first character of the answer in the context")
+    end: int = Field(description="the character after the answer's last")
+
+
+class TokenClassificationParameters(_Body):
+    aggregation_strategy: Literal["none", "simple", "first", "average", "max"] = Field(
+        "none", description="as transformers' token-classification pipeline"
+    )
+    ignore_labels: Annotated[list[str], Field(max_length=MAX_TARGETS)] = Field(
+        default_factory=lambda: ["O"], description="entities with these labels are left out"
+    )
+    truncate: StrictBool = Field(False, description="cut inputs longer than the model instead of answering 413")
+
+
+class TokenClassificationRequest(_Body):
+    inputs: str | TextList
+    parameters: TokenClassificationParameters = Field(default_factory=TokenClassificationParameters)
+    model: str | None = None
+
+    @field_validator("inputs")
+    @classmethod
+    def check_inputs(cls, value):
+        items = [value] if isinstance(value, str) else value
+        if not items:
+            raise ValueError("inputs is an empty list")
+        for text in items:
+            _not_blank(text)
+        return value
+
+
+class TokenEntity(BaseModel):
+    """A token (aggregation none: `entity` and `index`) or a group of them (`entity_group`)."""
+
+    entity: str | None = None
+    entity_group: str | None = None
+    score: float
+    index: int | None = Field(None, description="the token's position in the input (aggregation none)")
+    word: str
+    start: int
+    end: int
+
+
 class FillMaskCandidate(BaseModel):
     sequence: str
     score: float

@@ -25,6 +25,28 @@ class Encoded:
         return int(self.input_ids.shape[0])
 
 
+@dataclass
+class SpanEncoded(Encoded):
+    """An input of a per-token head (question answering, token classification), with what maps its tokens
+    back to the text: per token, its (start, end) characters in its own sequence, which sequence it is
+    in (0, 1; -1 for a special token), its word in that sequence (-1 for none), and its vocabulary string."""
+
+    offsets: np.ndarray  # (n, 2) int64
+    sequence_ids: np.ndarray  # (n,) int64
+    word_ids: np.ndarray  # (n,) int64
+    tokens: list[str]
+
+    def word_chars(self, sequence: int) -> np.ndarray:
+        """(n, 2): each token's whole word's characters in `sequence` (its first token's start to its last
+        token's end: the `word_to_chars` of the tokenizer); (-1, -1) for tokens of another sequence."""
+        spans = np.full((self.length, 2), -1, np.int64)
+        inside = np.flatnonzero((self.sequence_ids == sequence) & (self.word_ids >= 0))
+        for word in np.unique(self.word_ids[inside]):
+            tokens = inside[self.word_ids[inside] == word]
+            spans[tokens] = (self.offsets[tokens, 0].min(), self.offsets[tokens, 1].max())
+        return spans
+
+
 TRUNCATE_HINT = 'Send shorter text or set "truncate": true.'
 
 
@@ -114,6 +136,51 @@ class RequestTokenizer:
                 raise TooLong(len(enc.ids), limit, index)
             given[index] = Encoded(np.asarray(enc.ids, np.int64), np.asarray(enc.type_ids, np.int64))
         return [given[i] for i in range(len(inputs))]
+
+    def encode_spans(
+        self, inputs: list[str | tuple[str, str]], truncate: bool = False, strategy: str = "only_second"
+    ) -> list[SpanEncoded]:
+        """Texts, or (question, context) pairs, with their offsets, up to the model's length in one piece:
+        TooLong (→ 413) past it unless `truncate`, which cuts by `strategy` ("only_second": the context,
+        never the question; "longest_first" for single texts). A text far over the limit is refused, or cut
+        to a prefix that gives the same first tokens, before it is tokenized whole (`proves_too_long`)."""
+        limit = self.max_length
+        items = []
+        for index, item in enumerate(inputs):
+            parts = list(item) if isinstance(item, tuple) else [item]
+            last = parts[-1]  # the context of a pair: the part truncation may cut
+            end = self.proves_too_long(last, limit) if len(last) > 2 * self.scan_chars(limit) else None
+            if end is not None:
+                if not truncate:
+                    raise TooLong(limit, limit, index, characters=len(last))
+                parts[-1] = last[:end]
+            items.append(tuple(parts) if len(parts) == 2 else parts[0])
+        tokenizer = self.truncating(strategy, limit) if truncate else self.plain
+        encoded = []
+        for index, item in enumerate(items):
+            try:
+                enc = tokenizer.encode(*(item if isinstance(item, tuple) else (item,)), add_special_tokens=True)
+            except Exception:  # only_second cannot cut enough: the question alone is too long
+                length = len(self.plain.encode(*(item if isinstance(item, tuple) else (item,))).ids)
+                raise TooLong(length, limit, index, "The question is never cut: send a shorter question.") from None
+            if len(enc.ids) > limit:
+                raise TooLong(len(enc.ids), limit, index)
+            encoded.append(
+                SpanEncoded(
+                    input_ids=np.asarray(enc.ids, np.int64),
+                    token_type_ids=np.asarray(enc.type_ids, np.int64),
+                    offsets=np.asarray(enc.offsets, np.int64).reshape(-1, 2),
+                    sequence_ids=np.asarray([-1 if s is None else s for s in enc.sequence_ids], np.int64),
+                    word_ids=np.asarray([-1 if w is None else w for w in enc.word_ids], np.int64),
+                    tokens=list(enc.tokens),
+                )
+            )
+        return encoded
+
+    def tokens_to_string(self, tokens: list[str]) -> str:
+        """Word pieces back to text with the tokenizer's decoder ("hello", "##world" → "helloworld"), as
+        transformers' `convert_tokens_to_string`."""
+        return self.plain.decoder.decode(tokens) if self.plain.decoder is not None else " ".join(tokens)
 
     def from_ids(self, ids: list[int], limit: int, index: int) -> Encoded:
         """Token ids as the model's input; ValueError for an id outside the vocabulary, TooLong past `limit`."""

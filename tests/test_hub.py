@@ -31,7 +31,16 @@ import yaml  # noqa: E402
 from conftest import BERT_VOCAB_SIZE, TINY, _perturb_  # noqa: E402
 
 import bigs_cli  # noqa: E402
-from model import BiGSConfig, BiGSForMaskedLM, BiGSForSequenceClassification, BiGSModel, hub, modeling_bigs  # noqa: E402
+from model import (  # noqa: E402
+    BiGSConfig,
+    BiGSForMaskedLM,
+    BiGSForQuestionAnswering,
+    BiGSForSequenceClassification,
+    BiGSForTokenClassification,
+    BiGSModel,
+    hub,
+    modeling_bigs,
+)
 from model.modeling_bigs import mean_pool  # noqa: E402
 from service.postprocess import l2_normalize  # noqa: E402
 
@@ -39,6 +48,7 @@ ROOT = Path(__file__).resolve().parents[1]
 TEXTS = ["the cat sat on the mat", "we saw a bird fly over the river under a blue sky", "tea"]
 MASKED = "the dog ran in the [MASK] with his friend ."
 LABELS = ["a", "b", "c"]
+TAGS = ["O", "B-X", "I-X"]
 
 TRAINING_CARD = {
     "stage": "mlm",
@@ -91,6 +101,16 @@ with torch.no_grad():
     for name in ("cls", "export"):
         clf = transformers.AutoModelForSequenceClassification.from_pretrained(job[name], trust_remote_code=True)
         out[name + "_logits"] = clf.eval()(input_ids=ids, attention_mask=mask, token_type_ids=types).logits.tolist()
+    qa = transformers.AutoModelForQuestionAnswering.from_pretrained(job["qa"], trust_remote_code=True).eval()
+    spans = qa(input_ids=ids, attention_mask=mask, token_type_ids=types)
+    out["qa_logits"] = [spans.start_logits.tolist(), spans.end_logits.tolist()]
+    tagger = transformers.AutoModelForTokenClassification.from_pretrained(job["tokens"], trust_remote_code=True)
+    out["tokens_logits"] = tagger.eval()(input_ids=ids, attention_mask=mask, token_type_ids=types).logits.tolist()
+out["token_classification"] = transformers.pipeline(
+    "token-classification", model=job["tokens"], trust_remote_code=True
+)(job["texts"][0], ignore_labels=[])
+out["token_classification"] = [{k: v.item() if hasattr(v, "item") else v for k, v in e.items()}
+                               for e in out["token_classification"]]  # numpy scalars → JSON
 out["fill_mask"] = transformers.pipeline("fill-mask", model=job["mlm"], trust_remote_code=True)(job["masked"], top_k=3)
 out["text_classification"] = transformers.pipeline(
     "text-classification", model=job["cls"], trust_remote_code=True
@@ -130,7 +150,9 @@ def dirs(tmp_path_factory) -> dict[str, Path]:
     write_artifact(root / "mlm", mlm.config, params, "BiGSForMaskedLM", TRAINING_CARD, tokenizer)
     cls = init(root / "cls", "--task", "classification", "--labels", ",".join(LABELS))
     export_artifact(cls, root / "export", ExportOptions(formats=("onnx",), buckets=[128]))
-    return {"mlm": root / "mlm", "cls": cls, "export": root / "export", "root": root}
+    qa = init(root / "qa", "--task", "qa")
+    tokens = init(root / "tokens", "--task", "tokens", "--labels", ",".join(TAGS))
+    return {"mlm": root / "mlm", "cls": cls, "export": root / "export", "qa": qa, "tokens": tokens, "root": root}
 
 
 @pytest.fixture(scope="module")
@@ -148,7 +170,7 @@ def stock(dirs, inputs) -> dict:
     work.mkdir()
     (work / "model.py").write_text("DECOY = 'a user model.py that must not be imported as BiGS'\n")
     (work / "check.py").write_text(STOCK_SCRIPT)
-    job = {k: str(dirs[k]) for k in ("mlm", "cls", "export")}
+    job = {k: str(dirs[k]) for k in ("mlm", "cls", "export", "qa", "tokens")}
     job.update({k: inputs[k].tolist() for k in ("input_ids", "attention_mask", "token_type_ids")})
     job.update(texts=TEXTS, masked=MASKED, resaved=str(work / "resaved"), config_only=str(work / "config-only"))
     (work / "job.json").write_text(json.dumps(job))
@@ -333,3 +355,20 @@ def test_sentence_transformers_encode_equals_the_service_embedding(dirs, inputs,
         hidden = backbone(**inputs).last_hidden_state
         expected = l2_normalize(mean_pool(hidden, inputs["attention_mask"]).numpy())
     np.testing.assert_allclose(np.array(stock["st_embeddings"]), expected, rtol=1e-5, atol=1e-7)
+
+
+@pytest.mark.slow
+def test_stock_auto_models_for_question_answering_and_tokens_match_the_project_models(dirs, inputs, stock):
+    with torch.no_grad():
+        spans = BiGSForQuestionAnswering.from_pretrained(dirs["qa"]).eval()(**inputs)
+        tags = BiGSForTokenClassification.from_pretrained(dirs["tokens"]).eval()(**inputs).logits.numpy()
+    expected = np.array([spans.start_logits.numpy(), spans.end_logits.numpy()])
+    np.testing.assert_allclose(np.array(stock["qa_logits"]), expected, rtol=1e-5, atol=1e-7)
+    np.testing.assert_allclose(np.array(stock["tokens_logits"]), tags, rtol=1e-5, atol=1e-7)
+
+
+@pytest.mark.slow
+def test_stock_token_classification_pipeline_labels_every_token(stock):
+    words = TEXTS[0].split()  # one word piece each
+    assert [e["word"] for e in stock["token_classification"]] == words
+    assert {e["entity"] for e in stock["token_classification"]} <= set(TAGS)

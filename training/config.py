@@ -44,6 +44,10 @@ class DataSettings(_Section):
     text_pair_column: str | None = None
     label_column: str = "label"
     mask_prob: float = 0.15
+    eval_source: str | None = Field(None, description="qa, tokens: a held-out file (else split from the source)")
+    validation_fraction: float = Field(
+        0.2, gt=0, lt=1, description="qa, tokens: articles / sentences held out when there is no eval_source"
+    )
 
 
 class OptimSettings(_Section):
@@ -58,7 +62,7 @@ class OptimSettings(_Section):
 
 
 class TrainConfig(_Section):
-    stage: Literal["mlm", "extend", "classify"] = "mlm"
+    stage: Literal["mlm", "extend", "classify", "qa", "tokens"] = "mlm"
     output_dir: str = "runs/bigs"
     init_from: str | None = Field(None, description="artifact dir to start from (extend, classify)")
     model: ModelSettings = Field(default_factory=ModelSettings)
@@ -80,11 +84,11 @@ class TrainConfig(_Section):
     def stage_inputs(self) -> TrainConfig:
         """What a stage needs besides the defaults, checked when the config is read (not after the
         data is built): extend and classify start from an artifact; classify reads one labelled set."""
-        if self.stage in ("extend", "classify") and not self.init_from:
+        if self.stage in ("extend", "classify", "qa", "tokens") and not self.init_from:
             what = "the shorter artifact to continue from" if self.stage == "extend" else "an MLM artifact dir"
             raise ValueError(f"stage {self.stage} needs init_from: {what}")
-        if self.stage == "classify" and len(self.data.sources) != 1:
-            raise ValueError(f"stage classify takes one labelled source, got {self.data.sources}")
+        if self.stage in ("classify", "qa", "tokens") and len(self.data.sources) != 1:
+            raise ValueError(f"stage {self.stage} takes one labelled source, got {self.data.sources}")
         return self
 
 

@@ -1,4 +1,5 @@
-"""Held-out classification metrics: accuracy, macro F1, Matthews correlation (multi-class)."""
+"""Held-out metrics: classification (accuracy, macro F1, Matthews correlation), extractive QA (SQuAD exact
+match and F1) and token classification (entity-level F1)."""
 
 from __future__ import annotations
 
@@ -41,3 +42,73 @@ def majority_baseline(train_labels: np.ndarray, eval_labels: np.ndarray, num_lab
     """What always answering the most frequent training class scores on the held-out labels."""
     majority = int(np.bincount(np.asarray(train_labels), minlength=num_labels).argmax())
     return classification_report(eval_labels, np.full_like(np.asarray(eval_labels), majority), num_labels)
+
+
+# ------------------------------------------------------------------------------------------
+# Extractive QA: SQuAD's exact match and F1 (its evaluation script's normalisation)
+# ------------------------------------------------------------------------------------------
+
+
+def squad_normalize(text: str) -> str:
+    """Lower case, no punctuation, no articles (a, an, the), single spaces: SQuAD's `normalize_answer`."""
+    import re
+    import string
+
+    text = "".join(ch for ch in text.lower() if ch not in set(string.punctuation))
+    return " ".join(re.sub(r"\b(a|an|the)\b", " ", text).split())
+
+
+def squad_f1(prediction: str, gold: str) -> float:
+    from collections import Counter
+
+    predicted, expected = squad_normalize(prediction).split(), squad_normalize(gold).split()
+    if not predicted or not expected:  # an impossible question: right only when both are empty
+        return float(predicted == expected)
+    common = sum((Counter(predicted) & Counter(expected)).values())
+    if common == 0:
+        return 0.0
+    precision, recall = common / len(predicted), common / len(expected)
+    return 2 * precision * recall / (precision + recall)
+
+
+def squad_scores(predictions: list[str], golds: list[list[str]]) -> dict[str, float]:
+    """Mean over questions of the best exact match and F1 against any gold answer ([""] when impossible)."""
+    exact = [
+        max(float(squad_normalize(p) == squad_normalize(g)) for g in gs)
+        for p, gs in zip(predictions, golds, strict=True)
+    ]
+    f1 = [max(squad_f1(p, g) for g in gs) for p, gs in zip(predictions, golds, strict=True)]
+    n = max(len(predictions), 1)
+    return {"exact_match": 100.0 * sum(exact) / n, "f1": 100.0 * sum(f1) / n}
+
+
+# ------------------------------------------------------------------------------------------
+# Token classification: entity-level F1 (as seqeval's default, IOB2 / IOB1 / IO tags)
+# ------------------------------------------------------------------------------------------
+
+
+def entity_chunks(tags: list[str]) -> set[tuple[str, int, int]]:
+    """(type, first word, last word) of each entity: "B-X" starts one, "I-X" continues an X (or starts one
+    after anything else), a tag without a prefix is its own type, "O" is outside."""
+    chunks, current = set(), None
+    for i, tag in enumerate([*tags, "O"]):
+        prefix, _, kind = tag.partition("-") if tag[:2] in ("B-", "I-") else ("I", "", tag)
+        if tag == "O" or prefix == "B" or current is None or current[0] != kind:
+            if current is not None:
+                chunks.add((current[0], current[1], i - 1))
+            current = None if tag == "O" else (kind, i)
+    return chunks
+
+
+def entity_f1(gold: list[list[str]], predicted: list[list[str]]) -> dict[str, float]:
+    """Micro precision, recall and F1 over entities of all sentences (word-level tags)."""
+    true_positive = n_predicted = n_gold = 0
+    for g, p in zip(gold, predicted, strict=True):
+        expected, found = entity_chunks(g), entity_chunks(p)
+        true_positive += len(expected & found)
+        n_predicted += len(found)
+        n_gold += len(expected)
+    precision = true_positive / n_predicted if n_predicted else 0.0
+    recall = true_positive / n_gold if n_gold else 0.0
+    f1 = 2 * precision * recall / (precision + recall) if precision + recall else 0.0
+    return {"entity_precision": precision, "entity_recall": recall, "entity_f1": f1}

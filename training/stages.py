@@ -6,6 +6,10 @@ extend    continued MLM pretraining at a longer length (512 … 4096) from a sho
           paper follows), so the model behaves exactly as before on short inputs at step 0
 classify  fine-tuning a sequence classifier from an MLM artifact (single texts or pairs,
           documents up to 4,096 tokens)
+qa        fine-tuning extractive question answering (start/end of the answer span) from an MLM
+          artifact on SQuAD-format JSON (v1.1, or v2.0 with unanswerable questions)
+tokens    fine-tuning token classification (named entities, tags) from an MLM artifact on CoNLL
+          or JSONL files
 """
 
 from __future__ import annotations
@@ -17,13 +21,20 @@ import jax
 import numpy as np
 
 from model.configuration_bigs import BiGSConfig
-from model.modeling_flax_bigs import FlaxBiGSForMaskedLMModule, FlaxBiGSForSequenceClassificationModule, init_params
+from model.modeling_flax_bigs import (
+    FlaxBiGSForMaskedLMModule,
+    FlaxBiGSForQuestionAnsweringModule,
+    FlaxBiGSForSequenceClassificationModule,
+    FlaxBiGSForTokenClassificationModule,
+    init_params,
+)
 from model.tokenizer import bert_uncased_tokenizer
 from training.data import BatchOrder, MaskingConfig, build_corpus, build_labelled, mask_tokens, open_split, repack
+from training.data.spans import encode_qa, encode_tagged, label_names, read_squad, read_tagged, split_by
 
 from .artifact import device_description, load_artifact, write_artifact
 from .config import TrainConfig
-from .metrics import classification_report, majority_baseline
+from .metrics import classification_report, entity_f1, majority_baseline, squad_scores
 from .steps import classification_loss_sums, mlm_loss_sums
 from .trainer import Trainer, TrainTask, compute_dtype, maybe_initialize_distributed, plot_curves
 
@@ -138,6 +149,10 @@ def run(config: TrainConfig) -> Path:
     started = time.time()
     if config.stage == "classify":
         return _classify(config, started)
+    if config.stage == "qa":
+        return _question_answering(config, started)
+    if config.stage == "tokens":
+        return _token_classification(config, started)
     return _masked_lm(config, started)
 
 
@@ -251,6 +266,120 @@ def _classify(config: TrainConfig, started: float) -> Path:
     card["majority_baseline_test"] = baseline
     card["fine_tuned_from"] = str(config.init_from)
     return _finish(config, trainer, model_config, "BiGSForSequenceClassification", card, tokenizer)
+
+
+def _span_data(config: TrainConfig, read, group_key):
+    """(train items, validation items, the data card) of a per-token stage: the one source, split by
+    `group_key` unless a separate held-out file is given."""
+    source = config.data.sources[0]
+    items = read(source)
+    if config.data.eval_source:
+        train, held_out = items, read(config.data.eval_source)
+    else:
+        train_rows, eval_rows = split_by([group_key(x) for x in items], config.seed, config.data.validation_fraction)
+        train, held_out = [items[i] for i in train_rows], [items[i] for i in eval_rows]
+    card = {
+        "kind": config.stage,
+        "source": {"name": Path(source).name, "path": str(source)},
+        "eval_source": str(config.data.eval_source) if config.data.eval_source else None,
+        "splits": {"train": len(train), "validation": len(held_out)},
+        "split_by": "file" if config.data.eval_source else "article" if config.stage == "qa" else "sentence",
+        "seed": config.seed,
+    }
+    return train, held_out, card
+
+
+def _fine_tuned_params(module, source_params: dict, seed: int) -> dict:
+    """The source's backbone, a fresh head, and nothing the module does not have (an MLM's pooler)."""
+    fresh = init_params(module, seed=seed)
+    return restrict_to(backbone_from(source_params, fresh), fresh)
+
+
+def _question_answering(config: TrainConfig, started: float) -> Path:
+    model_config, source_params = load_artifact(config.init_from)
+    max_length = min(config.data.seq_len, model_config.max_position_embeddings)
+    tokenizer = bert_uncased_tokenizer(model_max_length=model_config.max_position_embeddings)
+    train, held_out, data_card = _span_data(config, read_squad, lambda e: e.article)
+    train_set = encode_qa(train, tokenizer, max_length)
+    eval_set = encode_qa(held_out, tokenizer, max_length)
+    data_card["impossible"] = {
+        "train": sum(e.is_impossible for e in train),
+        "validation": sum(e.is_impossible for e in held_out),
+    }
+    model_config.hidden_dropout_prob = config.model.hidden_dropout_prob
+    module = FlaxBiGSForQuestionAnsweringModule(model_config, dtype=compute_dtype(config.dtype))
+
+    def apply_fn(variables, *args, **kwargs):
+        """(B, 2, L): start and end logits as two "classifications" over positions, so the loss is the
+        mean of the two cross-entropies (Hugging Face's) and the labels are (B, 2) positions."""
+        start, end = module.apply(variables, *args, **kwargs)
+        return jax.numpy.stack([start, end], axis=1)
+
+    def eval_metrics(outputs: list[dict]) -> dict:
+        predictions = np.concatenate([o["predictions"] for o in outputs])  # (N, 2): argmax start, argmax end
+        answers = []
+        for row, (start, end) in enumerate(predictions):
+            context = set(eval_set.context_rows[row])
+            valid = start in context and end in context and start <= end  # else: no answer (as [CLS])
+            offsets, text = eval_set.offsets[row], eval_set.examples[row].context
+            answers.append(text[offsets[start][0] : offsets[end][1]] if valid else "")
+        golds = [[t for t, _ in e.answers] or [""] for e in eval_set.examples]
+        return {f"eval_{k}": v for k, v in squad_scores(answers, golds).items()}
+
+    task = TrainTask(
+        apply_fn=apply_fn,
+        params=_fine_tuned_params(module, source_params, config.seed),
+        loss_sums=classification_loss_sums,
+        train_batch=labelled_batch_source(train_set, config.batch_size, config.seed),
+        eval_batches=labelled_eval_batches(eval_set, config.batch_size),
+        eval_metrics=eval_metrics,
+    )
+    trainer = Trainer(config, task)
+    held_out_metrics = trainer.fit()
+    card = _card(config, trainer, data_card, held_out_metrics, started)
+    card["fine_tuned_from"] = str(config.init_from)
+    return _finish(config, trainer, model_config, "BiGSForQuestionAnswering", card, tokenizer)
+
+
+def _token_classification(config: TrainConfig, started: float) -> Path:
+    model_config, source_params = load_artifact(config.init_from)
+    max_length = min(config.data.seq_len, model_config.max_position_embeddings)
+    tokenizer = bert_uncased_tokenizer(model_max_length=model_config.max_position_embeddings)
+    train, held_out, data_card = _span_data(config, read_tagged, lambda s: " ".join(s.words))
+    names = label_names(train)
+    label2id = {name: i for i, name in enumerate(names)}
+    data_card["id2label"] = dict(enumerate(names))
+    train_set = encode_tagged(train, tokenizer, max_length, label2id)
+    eval_set = encode_tagged(held_out, tokenizer, max_length, label2id)
+    model_config.num_labels = len(names)
+    model_config.id2label = dict(enumerate(names))
+    model_config.label2id = label2id
+    model_config.hidden_dropout_prob = config.model.hidden_dropout_prob
+    module = FlaxBiGSForTokenClassificationModule(model_config, dtype=compute_dtype(config.dtype))
+
+    def eval_metrics(outputs: list[dict]) -> dict:
+        """Entity F1 over words: each word's tag is its first piece's (the positions labelled in the data)."""
+        gold, predicted = [], []
+        for o in outputs:
+            for labels, guesses in zip(o["labels"], o["predictions"], strict=True):
+                first_pieces = labels != -100
+                gold.append([names[i] for i in labels[first_pieces]])
+                predicted.append([names[i] for i in guesses[first_pieces]])
+        return {f"eval_{k}": v for k, v in entity_f1(gold, predicted).items()}
+
+    task = TrainTask(
+        apply_fn=module.apply,
+        params=_fine_tuned_params(module, source_params, config.seed),
+        loss_sums=classification_loss_sums,  # over every labelled position; -100 is not counted
+        train_batch=labelled_batch_source(train_set, config.batch_size, config.seed),
+        eval_batches=labelled_eval_batches(eval_set, config.batch_size),
+        eval_metrics=eval_metrics,
+    )
+    trainer = Trainer(config, task)
+    held_out_metrics = trainer.fit()
+    card = _card(config, trainer, data_card, held_out_metrics, started)
+    card["fine_tuned_from"] = str(config.init_from)
+    return _finish(config, trainer, model_config, "BiGSForTokenClassification", card, tokenizer)
 
 
 def _card(config: TrainConfig, trainer: Trainer, data_card: dict, held_out: dict, started: float) -> dict:

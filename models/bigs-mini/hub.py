@@ -43,9 +43,16 @@ AUTO_MAP = {
     "AutoModel": "modeling_bigs.BiGSModel",
     "AutoModelForMaskedLM": "modeling_bigs.BiGSForMaskedLM",
     "AutoModelForSequenceClassification": "modeling_bigs.BiGSForSequenceClassification",
+    "AutoModelForQuestionAnswering": "modeling_bigs.BiGSForQuestionAnswering",
+    "AutoModelForTokenClassification": "modeling_bigs.BiGSForTokenClassification",
 }
 
-PIPELINE_TAGS = {"BiGSForMaskedLM": "fill-mask", "BiGSForSequenceClassification": "text-classification"}
+PIPELINE_TAGS = {
+    "BiGSForMaskedLM": "fill-mask",
+    "BiGSForSequenceClassification": "text-classification",
+    "BiGSForQuestionAnswering": "question-answering",
+    "BiGSForTokenClassification": "token-classification",
+}
 LICENSE = "apache-2.0"  # the project's (pyproject.toml)
 
 # A card carrying this line was written here and is rewritten; any other README.md is the user's, kept.
@@ -127,7 +134,14 @@ def write_sentence_transformers_files(out_dir: str | Path) -> list[str]:
 # -- the model card ----------------------------------------------------------------------------------
 
 # held-out metric suffix in training_card.json → metric id on the Hub
-HUB_METRICS = {"accuracy": "accuracy", "f1_macro": "f1", "mcc": "matthews_correlation"}
+HUB_METRICS = {
+    "accuracy": "accuracy",
+    "f1_macro": "f1",
+    "mcc": "matthews_correlation",
+    "exact_match": "exact_match",
+    "f1": "f1",
+    "entity_f1": "f1",
+}
 
 
 def hub_datasets(card: dict) -> list[str]:
@@ -257,6 +271,8 @@ def usage_section(architecture: str) -> list[str]:
     example = {
         "fill-mask": 'print(pipe("The capital of France is [MASK]."))',
         "text-classification": 'print(pipe("A long document ..."))',
+        "question-answering": 'print(pipe(question="Who wrote it?", context="A long document ..."))',
+        "token-classification": 'print(pipe("A sentence with names in it.", aggregation_strategy="simple"))',
     }
     lines = [
         "## Use",

@@ -11,12 +11,19 @@ from export.heads import MASK_POSITIONS, SEQUENCE_INPUTS
 from export.manifest import Manifest
 from model.modeling_bigs import mean_pool
 
+AUTO_CLASS_OF_HEAD = {
+    "fill-mask": "AutoModelForMaskedLM",
+    "classification": "AutoModelForSequenceClassification",
+    "question-answering": "AutoModelForQuestionAnswering",
+    "token-classification": "AutoModelForTokenClassification",
+}
+
 
 class TorchRuntime:
     kind = "torch"
 
     def __init__(self, export_dir: str | Path, manifest: Manifest, intra_op_threads: int = 0):
-        from transformers import AutoModelForMaskedLM, AutoModelForSequenceClassification
+        import transformers
 
         import model  # noqa: F401  (registers BiGS with the Auto classes)
 
@@ -24,7 +31,7 @@ class TorchRuntime:
             torch.set_num_threads(intra_op_threads)
         self.heads = list(manifest.heads)
         self.buckets = list(manifest.buckets)
-        loader = AutoModelForMaskedLM if "fill-mask" in self.heads else AutoModelForSequenceClassification
+        loader = getattr(transformers, AUTO_CLASS_OF_HEAD[self.heads[0]])  # the model's own head comes first
         self.model = loader.from_pretrained(str(export_dir), ssm_formulation="fft").eval()
 
     @torch.inference_mode()
@@ -33,7 +40,10 @@ class TorchRuntime:
         if head == "fill-mask":
             positions = torch.from_numpy(inputs[MASK_POSITIONS])
             return self.model(**feeds, logits_positions=positions).logits.numpy()
-        if head == "classification":
+        if head in ("classification", "token-classification"):
             return self.model(**feeds).logits.numpy()
+        if head == "question-answering":  # the head's one output (B, L, 2): start, end
+            spans = self.model(**feeds)
+            return torch.stack([spans.start_logits, spans.end_logits], dim=-1).numpy()
         hidden = self.model.bigs(**feeds).last_hidden_state
         return mean_pool(hidden, feeds["attention_mask"]).numpy()

@@ -12,6 +12,7 @@ Stages, one module each, in the order data flows:
     dataset.py       reading splits back: `BatchOrder` (rows of step s, seeded) + the datasets
     masking.py       BERT 80/10/10 masking keyed by (seed, step)
     corpus.py        build_corpus / build_labelled: the one call the training stages make
+    spans.py         SQuAD JSON and CoNLL / JSONL tags for the qa and tokens stages (in memory, no shards)
 """
 
 from training.data.corpus import build_corpus, build_labelled, load_documents, open_split, repack
