@@ -57,6 +57,7 @@ class Job:
     queue_s: float = 0.0
     inference_s: float = 0.0
     compute_tokens: int = 0
+    batch_size: int = 0  # inputs in the batch it ran in (0: not run)
 
     @property
     def abandoned(self) -> bool:
@@ -252,9 +253,14 @@ class ModelBatcher:
         self.metrics.bucket_latency.labels(*labels).observe(elapsed)
         self.metrics.tokens_computed.labels(*labels).inc(bucket * len(jobs))
         self.metrics.tokens_real.labels(*labels).inc(sum(job.encoded.length for job in jobs))
+        queue_time = self.metrics.queue_time.labels(self.model_name)  # per input (the batch: bucket_latency)
+        inference_time = self.metrics.inference_time.labels(self.model_name)
         for row, job in enumerate(jobs):
             job.inference_s = elapsed
             job.compute_tokens = bucket
+            job.batch_size = len(jobs)
+            queue_time.observe(job.queue_s)
+            inference_time.observe(elapsed)
             if not job.future.done():
                 result = outputs[row]
                 if job.mask_positions is not None:  # this job's positions only, not the batch's padding

@@ -21,7 +21,7 @@ from pydantic import BaseModel, ValidationError
 
 from . import package_version
 from .engine import Answer
-from .errors import ServiceError
+from .errors import ServiceError, error_response
 from .schemas import (
     ClassifyParameters,
     ClassifyRequest,
@@ -416,7 +416,7 @@ async def ready(request: Request):
     state = service(request)
     if not state.ready:
         detail = state.load_error or ("shutting down" if state.stopping else "loading and warming up")
-        return JSONResponse({"error": detail, "error_type": "not_ready"}, status_code=503)
+        return error_response(503, "not_ready", detail)
     if state.failed:  # skip_failed_models: the others are served
         return {"status": "ready", "models": list(state.models), "failed": state.failed}
     return {"status": "ready", "models": list(state.models)}
