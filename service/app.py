@@ -93,7 +93,8 @@ def create_app(settings: ServiceSettings | None = None, on_fatal: Callable[[str]
                            expose_headers=["X-Request-ID", "X-Queue-Time", "X-Inference-Time", "X-Total-Time",
                                            "X-Compute-Tokens"])  # fmt: skip
     # outermost: every answer has its id, metrics and log line, 401s, 413s and 429s included
-    app.add_middleware(Observe, telemetry=telemetry)
+    # the service's routes, each with its whole path (the app's router holds the included routers, not them)
+    app.add_middleware(Observe, telemetry=telemetry, routes=[*ops.routes, *api.routes, *tei.routes])
     document_security(app, settings)
     return app
 
@@ -137,8 +138,8 @@ class Observe:
     Plain ASGI, not `@app.middleware("http")`: that wraps `receive` in a way that hides the client's
     disconnect from `Request.is_disconnected()`, so queued work of a client that left was computed anyway."""
 
-    def __init__(self, app, telemetry: Telemetry):
-        self.app, self.telemetry = app, telemetry
+    def __init__(self, app, telemetry: Telemetry, routes: list):
+        self.app, self.telemetry, self.routes = app, telemetry, routes
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
@@ -164,7 +165,16 @@ class Observe:
             error = raised
             await error_response(500, "internal", f"{type(raised).__name__}: {raised}")(scope, receive, send_with_id)
         finally:
+            if "route" not in scope:  # answered before routing (401, 408, 413, 429, 503): whose route it was
+                scope["route"] = self._route(scope)
             self.telemetry.finish(record, token, scope, error)
+
+    def _route(self, scope):
+        """The route that takes this path and method, or None (the routes' own test; errors only)."""
+        for route in self.routes:
+            if route.matches(scope)[0] == Match.FULL:
+                return route
+        return None
 
 
 class ApiKey:

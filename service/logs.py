@@ -41,6 +41,7 @@ class JsonFormatter(logging.Formatter):
 
 
 IN_MESSAGE = {"client", "method", "path", "status"}  # a request line's message says these already
+ZERO_UNSAID = {"inputs", "tokens"}  # 0 for a request that ran no model (/health, most errors): left out
 
 
 class TextFormatter(logging.Formatter):
@@ -53,7 +54,12 @@ class TextFormatter(logging.Formatter):
         text = super().format(record)
         fields = getattr(record, "fields", None)
         if fields:
-            text += " " + " ".join(f"{k}={v}" for k, v in fields.items() if v is not None and k not in IN_MESSAGE)
+            shown = (
+                f"{k}={v}"
+                for k, v in fields.items()
+                if v is not None and k not in IN_MESSAGE and (v or k not in ZERO_UNSAID)
+            )
+            text += " " + " ".join(shown)
         return text
 
 

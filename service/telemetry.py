@@ -169,7 +169,8 @@ class Telemetry:
             fields = record.fields(total)
             if trace_id is not None:
                 fields["trace_id"] = trace_id
-            level = logging.ERROR if record.status >= 500 else logging.INFO
+            # error: the service failed (500); warning: it could not serve now (503 not ready, 504 deadline)
+            level = logging.ERROR if record.status == 500 else logging.WARNING if record.status > 500 else logging.INFO
             access_log.log(
                 level,
                 '%s - "%s %s" %d',

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import logging
 import re
 import threading
 import time
@@ -193,7 +194,11 @@ def test_a_failure_is_counted_by_its_error_type_status_and_model(client):
     unknown = client.post("/v1/classify", json={"inputs": "a", "model": "nope"})
     invalid = client.post("/v1/classify", json={"inputs": "a", "parameters": {"top_k": "5"}})
     missing = client.get("/v1/nothing")
-    assert (too_long.status_code, unknown.status_code, invalid.status_code, missing.status_code) == (413, 400, 422, 404)
+    huge = client.post(
+        "/v1/classify", content=b" " * (4 * 1024 * 1024 + 1), headers={"content-type": "application/json"}
+    )
+    statuses = [r.status_code for r in (too_long, unknown, invalid, missing, huge)]
+    assert statuses == [413, 400, 422, 404, 413]
     after = scrape(client)
 
     def delta(**labels):
@@ -205,7 +210,55 @@ def test_a_failure_is_counted_by_its_error_type_status_and_model(client):
     assert delta(model="", endpoint="/v1/classify", status="400", error_type="unknown_model") == 1
     assert delta(model="", endpoint="/v1/classify", status="422", error_type="validation") == 1
     assert delta(model="", endpoint="unmatched", status="404", error_type="not_found") == 1
-    assert delta() == 4  # and nothing else: the successes are not failures
+    # refused by the body limit before routing, and still counted under the route it was sent to
+    assert delta(model="", endpoint="/v1/classify", status="413", error_type="body_too_large") == 1
+    assert delta() == 5  # and nothing else: the successes are not failures
+
+
+def test_an_unhandled_exception_is_a_json_500_with_the_request_id_logged_with_its_traceback(caplog):
+    """In process: a route that raises (no route of the service does; this one is added for the test)."""
+    from fastapi.testclient import TestClient
+
+    from service.app import create_app
+    from service.settings import ServiceSettings
+
+    app = create_app(ServiceSettings(models=[]))
+
+    @app.get("/boom")
+    async def boom():
+        raise RuntimeError("a bug")
+
+    with caplog.at_level(logging.INFO, logger="bigs.access"):
+        response = TestClient(app).get("/boom", headers={"X-Request-ID": "boom-1"})
+    assert response.status_code == 500 and response.headers["x-request-id"] == "boom-1"
+    assert response.json() == {"error": "RuntimeError: a bug", "error_type": "internal"}
+    (record,) = [r for r in caplog.records if r.name == "bigs.access"]
+    assert record.levelname == "ERROR" and record.exc_info[0] is RuntimeError
+    assert (record.fields["request_id"], record.fields["route"], record.fields["error_type"]) == (
+        "boom-1",
+        "/boom",
+        "internal",
+    )
+    samples = metric_samples(app.state.service.metrics.exposition().decode())
+    assert metric(samples, "bigs_request_failures_total", endpoint="/boom", status="500", error_type="internal") == 1
+
+
+def test_a_text_log_line_says_what_the_json_line_says():
+    from service.logs import JsonFormatter, TextFormatter
+
+    fields = {"request_id": "r-1", "method": "POST", "route": "/v1/embed", "path": "/v1/embed", "model": "m",
+              "status": 200, "error_type": None, "inputs": 2, "tokens": 17, "tokenize_ms": 0.1, "queue_ms": 0.2,
+              "inference_ms": 1.5, "total_ms": 2.25, "client": "10.0.0.1:5000"}  # fmt: skip
+    record = logging.LogRecord("bigs.access", logging.INFO, __file__, 1, '%s - "%s %s" %d', None, None)
+    record.args = ("10.0.0.1:5000", "POST", "/v1/embed", 200)
+    record.fields = fields
+    text = TextFormatter().format(record)
+    assert text == (
+        'INFO:     10.0.0.1:5000 - "POST /v1/embed" 200 request_id=r-1 route=/v1/embed model=m inputs=2 tokens=17 '
+        "tokenize_ms=0.1 queue_ms=0.2 inference_ms=1.5 total_ms=2.25"
+    )
+    line = json.loads(JsonFormatter().format(record))
+    assert {k: line[k] for k in fields} == fields and line["message"] == '10.0.0.1:5000 - "POST /v1/embed" 200'
 
 
 # -- request ids --------------------------------------------------------------------------------
