@@ -97,7 +97,8 @@ class ModelEngine:
         self.manifest = manifest
         self.settings = settings
         self.admission = admission
-        self.metrics = metrics
+        self._tokenization_time = metrics.tokenization.labels(name)
+        self._input_tokens = metrics.input_tokens.labels(name)
         self.heads: list[str] = list(manifest.heads)
         self.buckets: list[int] = sorted(manifest.buckets)
         self.max_length = self.buckets[-1]
@@ -326,8 +327,8 @@ class ModelEngine:
 
     def _observe_encoded(self, encoded: list[Encoded], started: float) -> None:
         elapsed = time.perf_counter() - started
-        self.metrics.tokenization.labels(self.name).observe(elapsed)
-        lengths = self.metrics.input_tokens.labels(self.name)
+        self._tokenization_time.observe(elapsed)
+        lengths = self._input_tokens
         tokens = 0
         for enc in encoded:
             lengths.observe(enc.length)

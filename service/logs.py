@@ -6,7 +6,7 @@ service's own warnings; stderr) and uvicorn's (`uvicorn.error`: start-up, shutdo
 stderr). uvicorn's own access log is off: the `bigs.access` line replaces it, with the request id,
 model, tokens and timings, so a request is never logged twice.
 
-A JSON line is `{"time", "level", "logger", "message", …}`: ISO 8601 UTC time with milliseconds, the
+A JSON line is `{"time", "level", "logger", "message", …}`: ISO 8601 UTC time with milliseconds (…Z), the
 level in lower case, and for a request line its fields (docs/DESIGN.md §4.10) at the top level, so
 a log pipeline (Loki, Elasticsearch, Cloud Logging) can index them without parsing the message.
 """
@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 import logging
 import logging.config
-from datetime import UTC, datetime
+import time
 from typing import Literal
 
 LogFormat = Literal["text", "json"]
@@ -27,7 +27,7 @@ class JsonFormatter(logging.Formatter):
 
     def format(self, record: logging.LogRecord) -> str:
         line = {
-            "time": datetime.fromtimestamp(record.created, UTC).isoformat(timespec="milliseconds"),
+            "time": f"{time.strftime('%Y-%m-%dT%H:%M:%S', time.gmtime(record.created))}.{int(record.msecs):03d}Z",
             "level": record.levelname.lower(),
             "logger": record.name,
             "message": record.getMessage(),

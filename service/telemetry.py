@@ -27,7 +27,6 @@ import logging
 import os
 import re
 import time
-import uuid
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -42,6 +41,7 @@ MAX_REQUEST_ID = 128
 _ACCEPTED_ID = re.compile(rb"[A-Za-z0-9._:@/+=-]{1,%d}" % MAX_REQUEST_ID)
 
 access_log = logging.getLogger("bigs.access")
+REQUEST_LINE = '%s - "%s %s" %d'  # client - "METHOD /path" status, as uvicorn's access line
 log = logging.getLogger("bigs")
 
 
@@ -49,7 +49,7 @@ def request_id_from(given: bytes | None) -> str:
     """The client's id when acceptable (bounded length and charset), else a new one (32 hex digits)."""
     if given is not None and _ACCEPTED_ID.fullmatch(given):
         return given.decode("ascii")
-    return uuid.uuid4().hex
+    return os.urandom(16).hex()  # as random as uuid4, a fifth of its cost
 
 
 @dataclass(slots=True)
@@ -130,6 +130,8 @@ class Telemetry:
 
     def __init__(self, metrics: ServiceMetrics, log_requests: bool, tracing: Tracing | None):
         self.metrics, self.log_requests, self.tracing = metrics, log_requests, tracing
+        # (endpoint, status) -> its request counter and latency histogram: `labels()` costs twice an update
+        self._per_endpoint: dict[tuple[str, str], tuple] = {}
 
     def start(self, scope) -> tuple[RequestRecord, object]:
         """Open the request's record and make it current; (record, token to `finish` with)."""
@@ -157,11 +159,17 @@ class Telemetry:
         record.route = route.path if route is not None else None
         endpoint = record.route or "unmatched"
         status = str(record.status)
-        metrics = self.metrics
-        metrics.requests.labels(endpoint, status).inc()
-        metrics.request_latency.labels(endpoint, status).observe(total)
+        counted = self._per_endpoint.get((endpoint, status))
+        if counted is None:
+            counted = (
+                self.metrics.requests.labels(endpoint, status),
+                self.metrics.request_latency.labels(endpoint, status),
+            )
+            self._per_endpoint[(endpoint, status)] = counted
+        counted[0].inc()
+        counted[1].observe(total)
         if record.status >= 400:
-            metrics.failures.labels(record.model, endpoint, status, record.error_type or "http").inc()
+            self.metrics.failures.labels(record.model, endpoint, status, record.error_type or "http").inc()
         trace_id = None
         if self.tracing is not None:
             trace_id = self.tracing.record(record, scope, ended)
@@ -171,16 +179,15 @@ class Telemetry:
                 fields["trace_id"] = trace_id
             # error: the service failed (500); warning: it could not serve now (503 not ready, 504 deadline)
             level = logging.ERROR if record.status == 500 else logging.WARNING if record.status > 500 else logging.INFO
-            access_log.log(
-                level,
-                '%s - "%s %s" %d',
-                record.client or "-",
-                record.method,
-                record.path,
-                record.status,
-                extra={"fields": fields},
-                exc_info=error,
-            )
+            if access_log.isEnabledFor(level):
+                # made directly, not through `log()`: that looks up the caller's file and line in the stack
+                # for every line, a third of the cost of a request's line, for a location that never changes
+                args = (record.client or "-", record.method, record.path, record.status)
+                exc_info = (type(error), error, error.__traceback__) if error is not None else None
+                line = access_log.makeRecord(
+                    access_log.name, level, __file__, 0, REQUEST_LINE, args, exc_info, extra={"fields": fields}
+                )
+                access_log.handle(line)
 
 
 # -- tracing (the `otel` extra) ----------------------------------------------------------------
