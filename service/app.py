@@ -7,9 +7,10 @@ saying which and why (`bigs serve` then exits non-zero: service/server.py), unle
 `skip_failed_models`. Shutdown (SIGTERM through uvicorn) closes admission, lets in-flight requests
 finish, then drains the queues.
 
-Middleware, outermost first: Observe (request id, metrics, log line, trace) → CORS → ApiKey → BodyLimit → Admit → the routes;
-so a request without the key costs no body read, one refused under overload (429) no JSON parse,
-and a 401, 413 or 429 carries CORS headers.
+Middleware, outermost first: Observe (request id, metrics, log line, trace: service/telemetry.py) →
+CORS → ApiKey → BodyLimit → Admit → the routes; so every answer has its id and log line, a request
+without the key costs no body read, one refused under overload (429) no JSON parse, and a 401, 413
+or 429 carries CORS headers.
 """
 
 from __future__ import annotations
@@ -92,8 +93,8 @@ def create_app(settings: ServiceSettings | None = None, on_fatal: Callable[[str]
                            allow_headers=["Authorization", "Content-Type", "X-Request-ID"],
                            expose_headers=["X-Request-ID", "X-Queue-Time", "X-Inference-Time", "X-Total-Time",
                                            "X-Compute-Tokens"])  # fmt: skip
-    # outermost: every answer has its id, metrics and log line, 401s, 413s and 429s included
-    # the service's routes, each with its whole path (the app's router holds the included routers, not them)
+    # Outermost: every answer has its id, metrics and log line, 401s, 413s and 429s included. `routes`: the
+    # service's routes, each with its whole path (the app's router holds the included routers, not them).
     app.add_middleware(Observe, telemetry=telemetry, routes=[*ops.routes, *api.routes, *tei.routes])
     document_security(app, settings)
     return app

@@ -364,3 +364,25 @@ def test_the_receiver_gets_a_span_per_request_with_its_stages_in_the_callers_tra
 
     (line,) = log_lines(observed, "traced-1")
     assert line["trace_id"] == trace_id  # the log line names the trace
+
+
+@pytest.mark.parametrize(
+    "environ, on",
+    [
+        ({}, False),  # nothing configured: nothing changes
+        ({"OTEL_SERVICE_NAME": "x"}, False),  # a name alone configures no exporter
+        ({"OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:4318"}, True),
+        ({"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": "http://127.0.0.1:4318/v1/traces"}, True),
+        ({"OTEL_TRACES_EXPORTER": "console"}, True),
+        ({"OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:4318", "OTEL_SDK_DISABLED": "true"}, False),
+        ({"OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:4318", "OTEL_TRACES_EXPORTER": "none"}, False),
+        ({"OTEL_TRACES_EXPORTER": "zipkin"}, False),  # not supported: a warning, no tracing
+    ],
+)
+def test_tracing_is_on_exactly_when_the_standard_variables_configure_an_exporter(environ, on):
+    from service.telemetry import tracing_from_environment
+
+    tracing = tracing_from_environment("0", environ)
+    assert (tracing is not None) == on
+    if tracing is not None:
+        tracing.shutdown()
