@@ -9,7 +9,8 @@ PYTHONPATH) with those extra environment variables, all serving the same export 
 settings otherwise. Every variant is started first; then, round after round, each concurrency is
 run against every variant in turn (the order rotated each round), so the noise of a shared machine
 falls on all of them alike. Printed: the median requests/s per variant and concurrency, and its
-ratio to the first variant's. The load is a second process (this one) speaking HTTP/1.1 over
+ratio to the first variant's; and the server's CPU time per request (from /proc: Linux), which the
+noise of a shared machine disturbs far less than the rate. The load is a second process (this one) speaking HTTP/1.1 over
 keep-alive connections with pre-encoded requests, so the client costs little next to the server;
 every answer's status is checked.
 """
@@ -117,14 +118,24 @@ async def one_connection(port: int, request: bytes, until: float, counts: list[i
         writer.close()
 
 
-async def measure(port: int, request: bytes, concurrency: int, seconds: float) -> float:
-    """Requests/s over `seconds` at `concurrency` (after a short warm-up at the same concurrency)."""
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of a process so far, all its threads (the runtime's included)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+async def measure(port: int, request: bytes, concurrency: int, seconds: float, pid: int) -> tuple[float, float]:
+    """Requests/s over `seconds` at `concurrency` (after a short warm-up at the same concurrency), and the
+    server's CPU milliseconds per request meanwhile: the cost of a request, which other work on a shared
+    machine disturbs far less than the rate."""
     warm = [0]
     await asyncio.gather(*(one_connection(port, request, time.perf_counter() + 0.5, warm) for _ in range(concurrency)))
     counts = [0]
+    cpu = cpu_seconds(pid)
     started = time.perf_counter()
     await asyncio.gather(*(one_connection(port, request, started + seconds, counts) for _ in range(concurrency)))
-    return counts[0] / (time.perf_counter() - started)
+    elapsed, cpu = time.perf_counter() - started, cpu_seconds(pid) - cpu
+    return counts[0] / elapsed, cpu * 1000 / max(counts[0], 1)
 
 
 def cpu_name() -> str:
@@ -156,13 +167,15 @@ def main() -> None:
         for v in variants:
             wait_ready(v)
         results: dict[tuple[str, int], list[float]] = {}
+        costs: dict[tuple[str, int], list[float]] = {}
         for round_ in range(args.rounds):
             for c in args.concurrency:
                 order = variants[round_ % len(variants) :] + variants[: round_ % len(variants)]
                 for v in order:
-                    rate = asyncio.run(measure(v.port, request, c, args.seconds))
+                    rate, cost = asyncio.run(measure(v.port, request, c, args.seconds, v.proc.pid))
                     results.setdefault((v.name, c), []).append(rate)
-                    print(f"round {round_ + 1} c={c} {v.name}: {rate:.1f} req/s", file=sys.stderr)
+                    costs.setdefault((v.name, c), []).append(cost)
+                    print(f"round {round_ + 1} c={c} {v.name}: {rate:.1f} req/s, {cost:.2f} CPU ms", file=sys.stderr)
     finally:
         for v in variants:
             if v.proc is not None and v.proc.poll() is None:
@@ -179,6 +192,14 @@ def main() -> None:
         for v in variants:
             median = statistics.median(results[(v.name, c)])
             cells.append(f"{median:.1f} ({median / base:.2f}x)")
+        print(f"| {c} | " + " | ".join(cells) + " |")
+    print(f"\nserver CPU ms per request (all its threads), median (ratio to {variants[0].name})\n")
+    print("| concurrency | " + " | ".join(v.name for v in variants) + " |")
+    print("|---|" + "---|" * len(variants))
+    for c in args.concurrency:
+        base = statistics.median(costs[(variants[0].name, c)])
+        cells = [f"{statistics.median(costs[(v.name, c)]):.2f} ({statistics.median(costs[(v.name, c)]) / base:.2f}x)"
+                 for v in variants]  # fmt: skip
         print(f"| {c} | " + " | ".join(cells) + " |")
 
 
