@@ -7,16 +7,16 @@ saying which and why (`bigs serve` then exits non-zero: service/server.py), unle
 `skip_failed_models`. Shutdown (SIGTERM through uvicorn) closes admission, lets in-flight requests
 finish, then drains the queues.
 
-Middleware, outermost first: Measure (metrics) → CORS → ApiKey → BodyLimit → Admit → the routes;
-so a request without the key costs no body read, one refused under overload (429) no JSON parse,
-and a 401, 413 or 429 carries CORS headers.
+Middleware, outermost first: Observe (request id, metrics, log line, trace: service/telemetry.py) →
+CORS → ApiKey → BodyLimit → Admit → the routes; so every answer has its id and log line, a request
+without the key costs no body read, one refused under overload (429) no JSON parse, and a 401, 413
+or 429 carries CORS headers.
 """
 
 from __future__ import annotations
 
 import asyncio
 import hmac
-import time
 from collections.abc import Callable
 from contextlib import asynccontextmanager
 
@@ -27,10 +27,10 @@ from starlette.routing import Match
 
 from .admission import Admission
 from .errors import ServiceError, error_response, install_handlers
-from .metrics import ServiceMetrics
 from .routes import VERSION, api, ops, tei
 from .settings import ServiceSettings
 from .state import LoadFailed, ServiceState, one_line
+from .telemetry import REQUEST_ID_HEADER, Telemetry, log, tracing_from_environment
 
 DESCRIPTION = """Fill-mask, classification, long-document classification and embeddings with BiGS, the
 attention-free bidirectional gated SSM encoder.
@@ -43,9 +43,10 @@ route but /health and /ready needs `Authorization: Bearer <key>`."""
 
 def create_app(settings: ServiceSettings | None = None, on_fatal: Callable[[str], None] | None = None) -> FastAPI:
     """The app. `on_fatal(line)`: called when the models cannot be served (one line: which model
-    failed and why); without it the line is printed and the process stays up, /ready saying why."""
+    failed and why); without it the line is logged and the process stays up, /ready saying why."""
     settings = settings or ServiceSettings()
     state = ServiceState(settings)
+    telemetry = Telemetry(state.metrics, settings.access_log, tracing_from_environment(VERSION))
 
     async def load_then_ready():
         try:
@@ -57,7 +58,7 @@ def create_app(settings: ServiceSettings | None = None, on_fatal: Callable[[str]
             if on_fatal is not None:
                 on_fatal(line)
             else:
-                print(line)
+                log.error(line)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -66,6 +67,8 @@ def create_app(settings: ServiceSettings | None = None, on_fatal: Callable[[str]
         state.stopping = True  # a load still under way ends without opening admission
         await loading
         await state.stop()
+        if telemetry.tracing is not None:
+            await asyncio.to_thread(telemetry.tracing.shutdown)  # export the last spans
 
     # /docs (Swagger UI) and /redoc load their scripts and styles from the service itself
     # (/static-offline-docs, the assets packaged in fastapi-offline), never from a CDN: they work offline.
@@ -87,8 +90,12 @@ def create_app(settings: ServiceSettings | None = None, on_fatal: Callable[[str]
         app.add_middleware(ApiKey, key=settings.api_key, open_paths=settings.open_paths)
     if settings.cors_origins:
         app.add_middleware(CORSMiddleware, allow_origins=settings.cors_origins, allow_methods=["GET", "POST"],
-                           allow_headers=["Authorization", "Content-Type"])  # fmt: skip
-    app.add_middleware(Measure, metrics=state.metrics)  # outermost: counts every answer, 401s and 413s included
+                           allow_headers=["Authorization", "Content-Type", "X-Request-ID"],
+                           expose_headers=["X-Request-ID", "X-Queue-Time", "X-Inference-Time", "X-Total-Time",
+                                           "X-Compute-Tokens"])  # fmt: skip
+    # Outermost: every answer has its id, metrics and log line, 401s, 413s and 429s included. `routes`: the
+    # service's routes, each with its whole path (the app's router holds the included routers, not them).
+    app.add_middleware(Observe, telemetry=telemetry, routes=[*ops.routes, *api.routes, *tei.routes])
     document_security(app, settings)
     return app
 
@@ -123,34 +130,52 @@ def document_security(app: FastAPI, settings: ServiceSettings) -> None:
     app.openapi = openapi
 
 
-class Measure:
-    """Request count and latency per endpoint and status.
+class Observe:
+    """Every request's telemetry (service/telemetry.py): its id, echoed as `X-Request-ID` on every
+    response, errors included; its record, made current for the stages to write; and, once it is
+    answered, its metrics, log line and trace. An exception no handler answered becomes a JSON 500
+    here, with the id, and is logged with its traceback (not left to the server's default page).
 
     Plain ASGI, not `@app.middleware("http")`: that wraps `receive` in a way that hides the client's
     disconnect from `Request.is_disconnected()`, so queued work of a client that left was computed anyway."""
 
-    def __init__(self, app, metrics: ServiceMetrics):
-        self.app, self.metrics = app, metrics
+    def __init__(self, app, telemetry: Telemetry, routes: list):
+        self.app, self.telemetry, self.routes = app, telemetry, routes
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
-        started = time.perf_counter()
-        status = 500  # unless a response starts
+        record, token = self.telemetry.start(scope)
+        request_id = (REQUEST_ID_HEADER, record.id.encode("ascii"))
+        started = False
 
-        async def send_status(message):
-            nonlocal status
+        async def send_with_id(message):
+            nonlocal started
             if message["type"] == "http.response.start":
-                status = message["status"]
+                started = True
+                record.status = message["status"]
+                message["headers"] = [*message.get("headers", ()), request_id]
             await send(message)
 
+        error = None
         try:
-            await self.app(scope, receive, send_status)
+            await self.app(scope, receive, send_with_id)
+        except Exception as raised:
+            if started:  # the answer is under way: nothing else can be sent
+                raise
+            error = raised
+            await error_response(500, "internal", f"{type(raised).__name__}: {raised}")(scope, receive, send_with_id)
         finally:
-            route = scope.get("route")
-            endpoint = route.path if route is not None else "unmatched"
-            self.metrics.requests.labels(endpoint, str(status)).inc()
-            self.metrics.request_latency.labels(endpoint, str(status)).observe(time.perf_counter() - started)
+            if "route" not in scope:  # answered before routing (401, 408, 413, 429, 503): whose route it was
+                scope["route"] = self._route(scope)
+            self.telemetry.finish(record, token, scope, error)
+
+    def _route(self, scope):
+        """The route that takes this path and method, or None (the routes' own test; errors only)."""
+        for route in self.routes:
+            if route.matches(scope)[0] == Match.FULL:
+                return route
+        return None
 
 
 class ApiKey:
@@ -190,10 +215,13 @@ class BodyLimit:
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
-        too_large = error_response(413, "body_too_large", f"request body over {self.max_bytes} bytes")
+
+        def too_large():  # built only when it is the answer (building it notes the error on the request)
+            return error_response(413, "body_too_large", f"request body over {self.max_bytes} bytes")
+
         length = dict(scope["headers"]).get(b"content-length")
         if length is not None and (not length.isdigit() or int(length) > self.max_bytes):
-            return await too_large(scope, receive, send)
+            return await too_large()(scope, receive, send)
         try:
             async with asyncio.timeout(self.timeout_s):
                 body = await self._read(receive)
@@ -203,7 +231,7 @@ class BodyLimit:
         if body is None:  # the client left before its body was in
             return
         if len(body) > self.max_bytes:
-            return await too_large(scope, receive, send)
+            return await too_large()(scope, receive, send)
         replayed = False
 
         async def replay():

@@ -57,6 +57,7 @@ class Job:
     queue_s: float = 0.0
     inference_s: float = 0.0
     compute_tokens: int = 0
+    batch_size: int = 0  # inputs in the batch it ran in (0: not run)
 
     @property
     def abandoned(self) -> bool:
@@ -78,6 +79,8 @@ class ModelBatcher:
         self.runtime = runtime
         self.settings = settings
         self.metrics = metrics
+        self._queue_time = metrics.queue_time.labels(model_name)
+        self._inference_time = metrics.inference_time.labels(model_name)
         self.queues: dict[tuple[str, int], deque[Job]] = {}
         self.lanes = {
             name: Lane(name, ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"{model_name}-{name}"))
@@ -252,9 +255,13 @@ class ModelBatcher:
         self.metrics.bucket_latency.labels(*labels).observe(elapsed)
         self.metrics.tokens_computed.labels(*labels).inc(bucket * len(jobs))
         self.metrics.tokens_real.labels(*labels).inc(sum(job.encoded.length for job in jobs))
+        queue_time, inference_time = self._queue_time, self._inference_time  # per input (a batch: bucket_latency)
         for row, job in enumerate(jobs):
             job.inference_s = elapsed
             job.compute_tokens = bucket
+            job.batch_size = len(jobs)
+            queue_time.observe(job.queue_s)
+            inference_time.observe(elapsed)
             if not job.future.done():
                 result = outputs[row]
                 if job.mask_positions is not None:  # this job's positions only, not the batch's padding

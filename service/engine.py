@@ -60,6 +60,8 @@ from .schemas import (
     TokenClassificationParameters,
 )
 from .settings import ServiceSettings
+from .telemetry import current as current_request
+from .telemetry import note_model
 from .tokenization import Encoded, RequestTokenizer, SpanEncoded, TooLong
 
 # Postprocessing more than this (masks × vocabulary softmax entries, plus candidates × input tokens for
@@ -109,6 +111,8 @@ class ModelEngine:
         self.manifest = manifest
         self.settings = settings
         self.admission = admission
+        self._tokenization_time = metrics.tokenization.labels(name)
+        self._input_tokens = metrics.input_tokens.labels(name)
         self.heads: list[str] = list(manifest.heads)
         self.buckets: list[int] = sorted(manifest.buckets)
         self.max_length = self.buckets[-1]
@@ -155,6 +159,7 @@ class ModelEngine:
 
     async def fill_mask(self, texts: list[str], params: FillMaskParameters, client_gone: ClientGone) -> Answer:
         """Per text: the candidates of its one [MASK], or a list of them per [MASK] when it has several."""
+        note_model(self.name)
         deadline = self._deadline()
         self._check_count(texts)
         target_ids = await self._target_ids(params.targets)
@@ -196,6 +201,7 @@ class ModelEngine:
         """Per text or (text, text_pair): [{"label", "score"}] sorted by score. `documents`: up to the
         model's longest bucket (4,096), truncation cutting the document, never its query; otherwise up
         to `classify_max_length`."""
+        note_model(self.name)
         deadline = self._deadline()
         self._check_count(items)
         limit = None if documents else min(self.settings.classify_max_length, self.max_length)
@@ -219,6 +225,7 @@ class ModelEngine:
         `dimensions` (OpenAI, TEI): only the model's own size. Cutting a vector and renormalising it is
         meaningful only for a model trained for it (Matryoshka); these embeddings are not, so another
         size is refused (400) rather than answered with vectors that look right and are not."""
+        note_model(self.name)
         if dimensions is not None and dimensions != self.dimensions:
             raise ServiceError(
                 400,
@@ -243,6 +250,7 @@ class ModelEngine:
         """Per (question, context): the best `top_k` answer spans of the context, as transformers'
         question-answering pipeline scores them, from ONE forward pass over the whole context (up to the
         model's longest bucket; longer is 413 unless `truncate`, which cuts the context, never the question)."""
+        note_model(self.name)
         deadline = self._deadline()
         self._check_count(items)
         encoded = await self._encode_spans(items, params.truncate, "only_second", deadline)
@@ -265,6 +273,7 @@ class ModelEngine:
     ) -> Answer:
         """Per text: its labelled tokens, words or entities (`aggregation_strategy`), as transformers'
         token-classification pipeline, with character offsets; up to the model's longest bucket in one pass."""
+        note_model(self.name)
         deadline = self._deadline()
         self._check_count(texts)
         encoded = await self._encode_spans(texts, params.truncate, "longest_first", deadline)
@@ -299,11 +308,13 @@ class ModelEngine:
 
     async def tokenize(self, texts: list[str], add_special_tokens: bool) -> list[list[dict]]:
         """Per text, its tokens (TEI's /tokenize), in a worker thread: texts are bounded only by the body."""
+        note_model(self.name)
         self._check_count(texts)
         return await asyncio.to_thread(self.tokenizer.tokens, texts, add_special_tokens)
 
     async def decode(self, sequences: list[list[int]], skip_special_tokens: bool) -> list[str]:
         """Per list of token ids, its text (TEI's /decode); 422 for an id outside the vocabulary."""
+        note_model(self.name)
         self._check_count(sequences)
         try:
             for ids in sequences:
@@ -344,12 +355,16 @@ class ModelEngine:
     ) -> list[Encoded]:
         """Tokenize in a worker thread, until the deadline (504). `limit` (below the model's max length):
         the most tokens this endpoint takes; `truncate` cuts there, else too long is 413, with advice
-        naming only what the route accepts (fill-mask has no `truncate`)."""
-        remaining = None if deadline is None else max(0.0, deadline - time.perf_counter())
+        naming only what the route accepts (fill-mask has no `truncate`). Its time and the inputs' lengths
+        go to the metrics and the request's record (service/telemetry.py)."""
+        started = time.perf_counter()
+        remaining = None if deadline is None else max(0.0, deadline - started)
         try:
             with self.batcher.expecting():  # queued right after, with no await in between
                 work = asyncio.to_thread(self.tokenizer.encode, items, truncate, documents, limit)
-                return await asyncio.wait_for(work, remaining)
+                encoded = await asyncio.wait_for(work, remaining)
+            self._observe_encoded(encoded, started)
+            return encoded
         except TimeoutError:
             raise ServiceError(504, "timeout", "the request deadline passed while its inputs were tokenized") from None
         except TooLong as error:
@@ -372,15 +387,31 @@ class ModelEngine:
             raise ServiceError(422, "validation", str(error)) from None
 
     async def _encode_spans(self, items: list, truncate: bool, strategy: str, deadline: float) -> list[SpanEncoded]:
-        """`_encode` for the per-token heads: the same thread, deadline and errors, with offsets kept."""
+        """`_encode` for the per-token heads: the same thread, deadline, errors and metrics, with offsets kept."""
+        started = time.perf_counter()
         try:
             with self.batcher.expecting():
                 work = asyncio.to_thread(self.tokenizer.encode_spans, items, truncate, strategy)
-                return await asyncio.wait_for(work, max(0.0, deadline - time.perf_counter()))
+                encoded = await asyncio.wait_for(work, max(0.0, deadline - started))
+            self._observe_encoded(encoded, started)
+            return encoded
         except TimeoutError:
             raise ServiceError(504, "timeout", "the request deadline passed while its inputs were tokenized") from None
         except TooLong as error:
             raise ServiceError(413, "too_long", str(error)) from None
+
+    def _observe_encoded(self, encoded: list[Encoded], started: float) -> None:
+        elapsed = time.perf_counter() - started
+        self._tokenization_time.observe(elapsed)
+        lengths = self._input_tokens
+        tokens = 0
+        for enc in encoded:
+            lengths.observe(enc.length)
+            tokens += enc.length
+        record = current_request()
+        if record is not None:
+            record.inputs, record.tokens = len(encoded), tokens
+            record.tokenize_started, record.tokenize_s = started, elapsed
 
     def _mask_positions(self, index: int, encoded: Encoded) -> np.ndarray:
         found = np.flatnonzero(encoded.input_ids == self.tokenizer.mask_token_id)
@@ -442,6 +473,9 @@ class ModelEngine:
             )
             self.batcher.submit(job)
             jobs.append(job)
+        record = current_request()
+        if record is not None:  # each job carries its queue and inference time, bucket and batch size
+            record.jobs.extend(jobs)
         return jobs
 
     async def _await(self, jobs: list[Job], client_gone: ClientGone) -> list[np.ndarray]:

@@ -1,4 +1,5 @@
-"""Errors as JSON `{"error", "error_type"}` with honest status codes.
+"""Errors as JSON `{"error", "error_type"}` with honest status codes (TEI's shape, kept exact: the
+request's id is in the `X-Request-ID` header of every answer, not in the body).
 
 422 malformed input · 413 too long without truncate, or body too large · 400 unknown model ·
 401 missing/wrong API key · 429 overloaded (Retry-After) · 503 not ready · 504 deadline passed ·
@@ -12,6 +13,8 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from .telemetry import note_error
+
 
 class ServiceError(Exception):
     def __init__(self, status: int, error_type: str, message: str, headers: dict[str, str] | None = None):
@@ -20,6 +23,8 @@ class ServiceError(Exception):
 
 
 def error_response(status: int, error_type: str, message: str, headers: dict | None = None) -> JSONResponse:
+    """The JSON error; its `error_type` is noted on the request's record (metrics, log line, trace)."""
+    note_error(error_type)
     return JSONResponse({"error": message, "error_type": error_type}, status_code=status, headers=headers)
 
 

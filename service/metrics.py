@@ -1,4 +1,9 @@
-"""Prometheus metrics, one registry per app (so several apps in one process never collide)."""
+"""Prometheus metrics, one registry per app (so several apps in one process never collide).
+
+Names follow Prometheus' conventions: base units (`_seconds`), counters end in `_total` (the client
+library appends it to a Counter's name), label values from a bounded set: `model` is a served
+model's name (never a name a client sent), `endpoint` a route's path template (or "unmatched"),
+`error_type` the `error_type` of the JSON error body. docs/DESIGN.md §4.10 lists them."""
 
 from __future__ import annotations
 
@@ -13,6 +18,10 @@ from prometheus_client import (
 )
 
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 25, 60)
+# Stages of one request are far shorter than the request: tokenizing a sentence takes ~0.1 ms.
+STAGE_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
+# Input lengths in tokens, special tokens included: powers of two up to the longest bucket (4,096).
+LENGTH_BUCKETS = (4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096)
 
 
 class ServiceMetrics:
@@ -54,6 +63,29 @@ class ServiceMetrics:
             "bigs_dropped_inputs", "queued inputs dropped (deadline passed or client gone)", ["model"], registry=r
         )
         self.runtime_errors = Counter("bigs_runtime_errors", "failed runtime calls", ["model", "bucket"], registry=r)
+
+        # Per request and per input, by model (docs/DESIGN.md §4.10).
+        self.tokenization = Histogram(
+            "bigs_tokenization_seconds", "time to tokenize one request's inputs (all of them, in a worker thread), "
+            "per request", ["model"], buckets=STAGE_BUCKETS, registry=r,
+        )  # fmt: skip
+        self.queue_time = Histogram(
+            "bigs_queue_seconds", "time one input waited in its batch queue before its batch started, per input",
+            ["model"], buckets=STAGE_BUCKETS, registry=r,
+        )  # fmt: skip
+        self.inference_time = Histogram(
+            "bigs_inference_seconds", "runtime time of the batch one input ran in, per input "
+            "(bigs_batch_latency_seconds counts each batch once)", ["model"], buckets=STAGE_BUCKETS, registry=r,
+        )  # fmt: skip
+        self.input_tokens = Histogram(
+            "bigs_input_tokens", "tokens of one input, special tokens included, padding not, per input", ["model"],
+            buckets=LENGTH_BUCKETS, registry=r,
+        )  # fmt: skip
+        self.failures = Counter(
+            "bigs_request_failures", "requests answered with an error, by the error_type of the JSON error body and "
+            "the status; model is empty when the request failed before one was chosen",
+            ["model", "endpoint", "status", "error_type"], registry=r,
+        )  # fmt: skip
 
     def exposition(self) -> bytes:
         return generate_latest(self.registry)

@@ -30,6 +30,7 @@ import uvicorn
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from .app import create_app
+from .logs import configure as configure_logging
 from .settings import ServiceSettings
 
 GRACE_AFTER_DRAIN_S = 5.0  # uvicorn cancels handlers still running this long after drain_timeout_s
@@ -140,18 +141,20 @@ def serve(settings: ServiceSettings) -> str | None:
         fatal.append(line)
         server.should_exit = True
 
+    configure_logging(settings.log_format)  # first: the app's start-up warnings are formatted too
     app = create_app(settings, on_fatal=on_fatal)
     config = uvicorn.Config(
         app,
         host=settings.host,
         port=settings.port,
+        log_config=None,  # configured above (service/logs.py)
         log_level="info",
         http=ServiceHTTP.configured(settings),
         h11_max_incomplete_event_size=settings.max_header_bytes,
         timeout_keep_alive=settings.keep_alive_timeout_s,
         timeout_graceful_shutdown=settings.drain_timeout_s + GRACE_AFTER_DRAIN_S,
         server_header=False,
-        access_log=settings.access_log,
+        access_log=False,  # the app's own line per request replaces it (bigs.access: service/telemetry.py)
     )
     server = ServiceServer(config, on_shutdown=app.state.service.begin_drain)
     try:

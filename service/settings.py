@@ -94,7 +94,16 @@ class ServiceSettings(BaseSettings):
         description="on SIGTERM, time for the requests in flight to finish (under a 30 s orchestrator grace "
         "period); past it, what is still queued or running is answered 503 and the process exits",
     )
-    access_log: bool = Field(True, description="one log line per request (uvicorn's access log)")
+    access_log: bool = Field(
+        True,
+        description="one log line per request (logger bigs.access: id, route, model, status, tokens, timings; "
+        "replaces uvicorn's access log)",
+    )
+    log_format: Literal["text", "json"] = Field(
+        "text",
+        description="log lines as text, or as one JSON object per line for a log pipeline (the image and the "
+        "Kubernetes manifests set json)",
+    )
     cors_origins: Annotated[list[str], NoDecode] = Field(default_factory=list, description="empty = CORS off")
     warmup: bool = Field(
         True, description="run every batch shape once before /ready answers 200 (off: the first requests pay for it)"

@@ -9,6 +9,7 @@ can emit; only then is admission opened and the service ready.
 from __future__ import annotations
 
 import asyncio
+import logging
 import re
 import time
 from pathlib import Path
@@ -21,6 +22,8 @@ from .engine import ModelEngine
 from .errors import ServiceError
 from .metrics import ServiceMetrics
 from .settings import ServiceSettings
+
+log = logging.getLogger("bigs")  # service/logs.py formats it (text or JSON)
 
 
 class ServiceState:
@@ -101,7 +104,7 @@ class ServiceState:
                 self._failed(name, path, error)
                 continue
             self.models[name] = engine
-            print(f"loaded {name} from {path}: {shapes} shapes warmed in {time.perf_counter() - started:.1f} s")
+            log.info("loaded %s from %s: %d shapes warmed in %.1f s", name, path, shapes, time.perf_counter() - started)
         if not self.models:
             raise LoadFailed("no model could be loaded: " + "; ".join(f"{n}: {r}" for n, r in self.failed.items()),
                              "no model could be loaded")  # fmt: skip
@@ -112,7 +115,7 @@ class ServiceState:
         if not self.settings.skip_failed_models:
             raise LoadFailed(f"model {name!r} failed to load from {path}: {reason}", f"model {name!r} failed to "
                              f"load: {self.failed[name]}") from None  # fmt: skip
-        print(f"model {name!r} failed to load from {path}: {reason} (skipped: skip_failed_models is on)")
+        log.warning("model %r failed to load from %s: %s (skipped: skip_failed_models is on)", name, path, reason)
 
     def start(self) -> None:
         """After loading, on the event loop: the batchers' lanes run and requests are admitted."""
@@ -140,8 +143,8 @@ class ServiceState:
         in_flight = self.admission.in_flight
         failed = sum(engine.batcher.fail_all(shutting_down) for engine in self.models.values())
         if in_flight:
-            print(f"drain_timeout_s ({seconds:g} s) passed with {in_flight} requests in flight: "
-                  f"{failed} queued or running inputs answered 503, and any not yet queued")  # fmt: skip
+            log.warning("drain_timeout_s (%g s) passed with %d requests in flight: %d queued or running inputs "
+                        "answered 503, and any not yet queued", seconds, in_flight, failed)  # fmt: skip
 
     async def stop(self) -> None:
         """Close admission (new requests get 503), then let every engine finish what it has queued."""

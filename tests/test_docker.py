@@ -116,7 +116,8 @@ def test_dockerfile_runs_unprivileged_with_a_readiness_healthcheck():
     assert re.search(r"^USER (?!root|0\b)\S+", runtime, re.M)
     assert re.search(r"^HEALTHCHECK .*\n?.*/ready", runtime, re.M)
     assert re.search(r"^EXPOSE 8000$", runtime, re.M)
-    assert "pip install --no-deps ." in text and "'serve'" in text
+    # the serve extra's dependencies by default (EXTRAS=serve,otel adds tracing's), then the package alone
+    assert "pip install --no-deps ." in text and re.search(r"^ARG EXTRAS=serve$", text, re.M)
 
 
 def test_smoke_script_parses():
