@@ -1,0 +1,235 @@
+"""The paper's four architectures (block gated | stack × routing ssm | attention; docs/DESIGN.md §2.7):
+each row is the same function in torch and Flax, its weights convert exactly both ways, padding and
+batching change nothing, and stack/attention is BERT (held against transformers' own BertForMaskedLM)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+import transformers
+from test_modeling_flax import flax_logits, torch_logits
+from test_modeling_torch import all_outputs, max_diff_at_real_tokens, one_row, padded_batch
+
+from model import BiGSConfig, BiGSForMaskedLM, BiGSForSequenceClassification
+from model.convert import flax_to_torch, torch_to_flax
+from model.modeling_bigs import BiGSLayer, BiGSStackLayer
+from model.modeling_flax_bigs import (
+    FlaxBiGSForMaskedLMModule,
+    FlaxBiGSForSequenceClassificationModule,
+    init_params,
+)
+
+TOLERANCE = 1e-5
+ROWS = [("gated", "ssm"), ("gated", "attention"), ("stack", "ssm"), ("stack", "attention")]
+ROW_IDS = [f"{block}-{routing}" for block, routing in ROWS]
+# 4 heads of 16 at hidden 64 (the default, hidden/64, would be a single head and hide head-splitting bugs).
+HEADS = 4
+
+
+def row_config(tiny_config, block: str, routing: str, **overrides) -> BiGSConfig:
+    return tiny_config(block_type=block, routing=routing, num_attention_heads=HEADS, **overrides)
+
+
+# --------------------------------------------------------------------------------------------
+# The config
+# --------------------------------------------------------------------------------------------
+
+
+def test_default_config_is_the_published_gated_ssm_model():
+    config = BiGSConfig(hidden_size=256)
+    assert (config.block_type, config.routing, config.num_attention_heads) == ("gated", "ssm", 4)
+    assert BiGSConfig(hidden_size=32).num_attention_heads == 1
+
+
+@pytest.mark.parametrize(
+    "field, value, message",
+    [
+        ("block_type", "stacked", "block_type must be one of"),
+        ("routing", "ssm+attention", "routing must be one of"),
+        ("num_attention_heads", 5, "dividing hidden_size=64"),
+        ("num_attention_heads", 0, "positive integer"),
+        ("num_attention_heads", "4", "positive integer"),
+    ],
+)
+def test_bad_architecture_fields_are_clear_errors(field, value, message):
+    with pytest.raises(ValueError, match=message):
+        BiGSConfig(hidden_size=64, **{field: value})
+
+
+@pytest.mark.parametrize("block, routing", ROWS, ids=ROW_IDS)
+def test_config_round_trips_through_config_json(tmp_path, block, routing):
+    BiGSConfig(hidden_size=64, block_type=block, routing=routing, num_attention_heads=HEADS).save_pretrained(tmp_path)
+    loaded = BiGSConfig.from_pretrained(tmp_path)
+    assert (loaded.block_type, loaded.routing, loaded.num_attention_heads) == (block, routing, HEADS)
+
+
+# --------------------------------------------------------------------------------------------
+# Names and sizes
+# --------------------------------------------------------------------------------------------
+
+EXPECTED_LAYER_KEYS = {
+    ("gated", "ssm"): {"LayerNorm", "fs4", "bs4", "dv", "du_forward", "du_backward", "duc_forward", "duc_backward"}
+    | {"dol", "do"},
+    ("gated", "attention"): {"LayerNorm", "dv", "attention.self.query", "attention.self.key", "attention.self.value"}
+    | {"attention.output.dense", "dol", "do"},
+    ("stack", "ssm"): {"ssm.self.fs4", "ssm.self.bs4", "ssm.output.dense", "ssm.output.LayerNorm"}
+    | {"intermediate.dense", "output.dense", "output.LayerNorm"},
+    # BERT's BertLayer, name for name.
+    ("stack", "attention"): {"attention.self.query", "attention.self.key", "attention.self.value"}
+    | {
+        "attention.output.dense",
+        "attention.output.LayerNorm",
+        "intermediate.dense",
+        "output.dense",
+        "output.LayerNorm",
+    },
+}
+
+
+@pytest.mark.parametrize("block, routing", ROWS, ids=ROW_IDS)
+def test_layer_parameter_names(tiny_config, block, routing):
+    layer = BiGSForMaskedLM(row_config(tiny_config, block, routing)).bigs.encoder.layer[0]
+    assert isinstance(layer, BiGSLayer if block == "gated" else BiGSStackLayer)
+    owners = {name.rsplit(".", 1)[0].removesuffix(".kernel") for name, _ in layer.named_parameters()}
+    assert owners == EXPECTED_LAYER_KEYS[(block, routing)]
+
+
+def test_gated_attention_has_the_gated_ssm_dense_parameters(tiny_config):
+    """Wq, Wk, Wv, Wo take the place of du_forward, du_backward, duc_forward, duc_backward: a gated layer
+    has the same number of dense parameters whichever routing it uses; the SSMs add 2 × (4N + 2)."""
+
+    def count(routing):
+        return sum(
+            p.numel() for p in BiGSForMaskedLM(row_config(tiny_config, "gated", routing)).bigs.encoder.parameters()
+        )
+
+    N, layers = tiny_config().num_ssm, tiny_config().num_hidden_layers
+    assert count("ssm") - count("attention") == layers * 2 * (4 * N + 2)
+
+
+# --------------------------------------------------------------------------------------------
+# torch = Flax, exact conversion
+# --------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("pre_norm", [True, False], ids=["pre-norm", "post-norm"])
+@pytest.mark.parametrize("block, routing", ROWS, ids=ROW_IDS)
+def test_torch_equals_flax_on_the_same_weights(tiny_model, tiny_config, block, routing, pre_norm):
+    config = row_config(tiny_config, block, routing, pre_norm=pre_norm, num_labels=3)
+    ids, mask, types = padded_batch([40, 23, 5, 1], 40, config.vocab_size)
+    ids, mask, types = ids.numpy(), mask.numpy(), types.numpy()
+    for torch_class, flax_class in (
+        (BiGSForMaskedLM, FlaxBiGSForMaskedLMModule),
+        (BiGSForSequenceClassification, FlaxBiGSForSequenceClassificationModule),
+    ):
+        model = tiny_model(torch_class, seed=3, config=config)
+        expected = torch_logits(model, ids, mask, types)
+        got = flax_logits(flax_class(config), torch_to_flax(model.state_dict()), ids, mask, types)
+        assert np.abs(expected - got).max() <= TOLERANCE * max(1.0, np.abs(expected).max()), torch_class.__name__
+
+
+@pytest.mark.parametrize("block, routing", ROWS, ids=ROW_IDS)
+def test_conversion_is_exact_both_ways(tiny_model, tiny_config, block, routing):
+    config = row_config(tiny_config, block, routing, num_labels=3)
+    state = {k: v.numpy() for k, v in tiny_model(BiGSForSequenceClassification, config=config).state_dict().items()}
+    back = flax_to_torch(torch_to_flax(state))
+    assert set(back) == set(state)
+    assert all(np.array_equal(back[k], v) for k, v in state.items())
+    params = init_params(FlaxBiGSForMaskedLMModule(config), seed=1)
+    again = torch_to_flax(flax_to_torch(params))
+    for (path, value), restored in zip(sorted(_leaves(params).items()), sorted(_leaves(again).items()), strict=True):
+        assert path == restored[0] and np.array_equal(np.asarray(value), restored[1]), path
+    # The torch model takes the converted Flax tree with nothing left over (an MLM tree has no pooler).
+    converted = {k: torch.tensor(v) for k, v in flax_to_torch(params).items()}
+    result = BiGSForMaskedLM(config).load_state_dict(converted, strict=False)
+    assert not result.unexpected_keys and all(k.startswith("bigs.pooler.") for k in result.missing_keys)
+
+
+def _leaves(tree, prefix=()):
+    out = {}
+    for key, value in tree.items():
+        if isinstance(value, dict) or hasattr(value, "items"):
+            out.update(_leaves(value, prefix + (key,)))
+        else:
+            out[prefix + (key,)] = value
+    return out
+
+
+# --------------------------------------------------------------------------------------------
+# Padded = unpadded, batched = single
+# --------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("block, routing", ROWS, ids=ROW_IDS)
+def test_padded_and_batched_equal_unpadded(tiny_model, tiny_config, block, routing):
+    config = row_config(tiny_config, block, routing, num_labels=3)
+    mlm = tiny_model(BiGSForMaskedLM, seed=0, config=config)
+    clf = tiny_model(BiGSForSequenceClassification, seed=1, config=config)
+    lengths = [23, 11, 5, 1]
+    batch = padded_batch(lengths, 32, config.vocab_size)
+    batched = all_outputs(mlm, clf, *batch)
+    for row, n in enumerate(lengths):
+        alone = all_outputs(mlm, clf, *one_row(batch, row, n))
+        padded = all_outputs(mlm, clf, *one_row(padded_batch(lengths, 57, config.vocab_size), row, 57))
+        in_batch = {name: value[row : row + 1] for name, value in batched.items()}
+        for other in (padded, in_batch):
+            diffs = max_diff_at_real_tokens(alone, other, n)
+            assert max(diffs.values()) <= TOLERANCE, (n, diffs)
+
+
+@pytest.mark.parametrize("block, routing", ROWS, ids=ROW_IDS)
+def test_flax_padded_equals_unpadded(tiny_config, block, routing):
+    config = row_config(tiny_config, block, routing)
+    module = FlaxBiGSForMaskedLMModule(config)
+    params = init_params(module, seed=3)
+    ids, mask, types = (t.numpy() for t in padded_batch([20], 20, config.vocab_size))
+    alone = flax_logits(module, params, ids, mask, types)
+    padded = flax_logits(module, params, *(np.pad(a, ((0, 0), (0, 44))) for a in (ids, mask, types)))
+    assert np.abs(alone - padded[:, :20]).max() <= TOLERANCE
+
+
+def test_attention_sees_the_whole_sequence_both_ways(tiny_model, tiny_config):
+    """Bidirectional, not causal: changing the last token changes the first position's output, and
+    changing the first changes the last (a causal mask would pass the padding tests above)."""
+    for block in ("gated", "stack"):
+        model = tiny_model(config=row_config(tiny_config, block, "attention"))
+        ids = torch.randint(1, 100, (1, 12), generator=torch.Generator().manual_seed(0))
+        for changed, watched in ((11, 0), (0, 11)):
+            other = ids.clone()
+            other[0, changed] = (other[0, changed] + 7) % 100 + 1
+            with torch.no_grad():
+                a, b = model(ids).logits[0, watched], model(other).logits[0, watched]
+            assert (a - b).abs().max() > 1e-3, (block, changed, watched)
+
+
+# --------------------------------------------------------------------------------------------
+# stack/attention is BERT
+# --------------------------------------------------------------------------------------------
+
+
+def test_stack_attention_post_norm_is_transformers_bert(tiny_config):
+    """With post-norm, the stack/attention row on BERT's weights gives transformers' BertForMaskedLM
+    logits: same names (bert.* → bigs.*), same function, padding included. An independent formula."""
+    bert_config = transformers.BertConfig(
+        vocab_size=128, hidden_size=64, num_hidden_layers=2, num_attention_heads=HEADS, intermediate_size=192,
+        max_position_embeddings=128, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0,
+        hidden_act="gelu", layer_norm_eps=1e-12, initializer_range=0.12, attn_implementation="eager",
+    )  # fmt: skip
+    torch.manual_seed(0)
+    bert = transformers.BertForMaskedLM(bert_config).eval()
+    with torch.no_grad():  # non-trivial biases and LayerNorm gains, so a mis-mapped one shows
+        for name, p in bert.named_parameters():
+            if name.endswith("bias") or name.endswith("LayerNorm.weight"):
+                p.add_(0.05 * torch.randn_like(p))
+    config = row_config(tiny_config, "stack", "attention", pre_norm=False)
+    bigs = BiGSForMaskedLM(config).eval()
+    state = {k.replace("bert.", "bigs.", 1): v for k, v in bert.state_dict().items()}
+    result = bigs.load_state_dict(state, strict=False)
+    assert not result.unexpected_keys and all(k.startswith("bigs.pooler.") for k in result.missing_keys)
+    ids, mask, types = padded_batch([30, 17, 4], 30, 128)
+    with torch.no_grad():
+        expected = bert(ids, attention_mask=mask, token_type_ids=types).logits
+        got = bigs(ids, attention_mask=mask, token_type_ids=types).logits
+    real = mask.bool()
+    assert (expected[real] - got[real]).abs().max() <= TOLERANCE * max(1.0, expected.abs().max().item())
