@@ -92,10 +92,12 @@ class S4dLayer(nn.Module):
 
 
 def key_padding_bias(real_tokens: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """(B, L) 1 = real token → (B, 1, 1, L) additive attention bias: 0 on real keys, the dtype's most
+    """(B, L) 1 = real token → (B, 1, L, L) additive attention bias: 0 on real keys, the dtype's most
     negative value on pad keys, so pad keys get exactly zero weight (exp underflows) and a row with
-    no real key at all stays finite (uniform) instead of NaN."""
-    return (1.0 - real_tokens.to(dtype))[:, None, None, :] * torch.finfo(dtype).min
+    no real key at all stays finite (uniform) instead of NaN. Expanded over the queries (a view in
+    torch): ONNX Runtime's CPU kernel of the ONNX Attention op requires the mask's query dimension."""
+    L = real_tokens.shape[-1]
+    return ((1.0 - real_tokens.to(dtype)) * torch.finfo(dtype).min)[:, None, None, :].expand(-1, -1, L, -1)
 
 
 class BiGSSelfAttention(nn.Module):
@@ -105,8 +107,9 @@ class BiGSSelfAttention(nn.Module):
     Q, K, V = H Wq, H Wk, H Wv     query, key, value   split into h heads of d/h
     context = softmax(Q Kᵀ / √(d/h) + pad bias) V      per head, heads concatenated
 
-    Written with `F.scaled_dot_product_attention`: torch picks its fused kernel, and the ONNX export
-    is the MatMul/Softmax pattern ONNX Runtime fuses into one attention op (docs/DESIGN.md §3.6).
+    Written with `F.scaled_dot_product_attention`: torch picks its fused kernel, and the ONNX exporter
+    (opset 23) writes it as one ONNX `Attention` node per layer, which ONNX Runtime runs as one
+    kernel (docs/DESIGN.md §3.6).
     """
 
     def __init__(self, config: BiGSConfig):
