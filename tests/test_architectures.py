@@ -327,3 +327,117 @@ def test_every_row_is_served_and_equals_the_fill_mask_pipeline(row_exports, logs
                     assert_same(response.json(), fill(inputs, **params), tol=1e-4)
     finally:
         assert server.stop() == 0
+
+
+# --------------------------------------------------------------------------------------------
+# The three training stages, per row (real text: KJV chapters, BBC News)
+# --------------------------------------------------------------------------------------------
+
+
+def test_training_config_rejects_heads_that_do_not_divide_the_width():
+    from pydantic import ValidationError
+
+    from training.config import load_config
+
+    with pytest.raises(ValidationError, match="must be positive and divide hidden_size=64"):
+        load_config(overrides=["model.hidden_size=64", "model.num_attention_heads=5"])
+    with pytest.raises(ValidationError, match="block_type"):
+        load_config(overrides=["model.block_type=stacked"])
+
+
+@pytest.fixture(scope="module")
+def corpus_dir(tmp_path_factory):
+    return tmp_path_factory.mktemp("row-corpus")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("block, routing", ROWS, ids=ROW_IDS)
+def test_every_stage_trains_every_row(corpus_dir, tmp_path, block, routing):
+    """mlm → extend (positions tiled 128 → 256) → classify, a few steps each: every artifact carries
+    the row and loads in torch with the Flax logits of the trained weights."""
+    import json
+
+    import jax.numpy as jnp
+
+    from training.artifact import load_artifact
+    from training.config import load_config
+    from training.stages import run
+
+    common = ["progress=false", "log_every=5", "eval_batches=2", "optim.warmup_steps=3"]
+    row = [
+        "model.hidden_size=64", "model.num_hidden_layers=2", "model.max_position_embeddings=128",
+        "model.hidden_dropout_prob=0.0", f"model.block_type={block}", f"model.routing={routing}",
+        f"model.num_attention_heads={HEADS}",
+    ]  # fmt: skip
+    mlm = run(
+        load_config(
+            overrides=[
+                "stage=mlm",
+                f"output_dir={tmp_path / 'mlm'}",
+                f"data.data_dir={corpus_dir}",
+                'data.sources=["kjv"]',
+                "data.max_docs=200",
+                "data.seq_len=128",
+                "batch_size=8",
+                "num_steps=20",
+                "eval_every=20",
+                "checkpoint_every=20",
+                "optim.learning_rate=2e-3",
+                *row,
+                *common,
+            ]  # fmt: skip
+        )
+    )
+    evals = [json.loads(line) for line in (tmp_path / "mlm" / "metrics.jsonl").read_text().splitlines()]
+    losses = [m["eval_loss"] for m in evals if "eval_loss" in m]
+    assert np.isfinite(losses[-1]) and losses[-1] < losses[0], losses
+    extended = run(
+        load_config(
+            overrides=[
+                "stage=extend",
+                f"init_from={mlm}",
+                f"output_dir={tmp_path / 'extend'}",
+                f"data.data_dir={corpus_dir}",
+                'data.sources=["kjv"]',
+                "data.max_docs=200",
+                "data.seq_len=256",
+                "batch_size=4",
+                "num_steps=3",
+                "eval_every=3",
+                "checkpoint_every=3",
+                *common,
+            ]  # fmt: skip
+        )
+    )
+    classifier = run(
+        load_config(
+            overrides=[
+                "stage=classify",
+                f"init_from={extended}",
+                f"output_dir={tmp_path / 'classify'}",
+                'data.sources=["bbc-news"]',
+                "data.max_docs=150",
+                "data.seq_len=128",
+                "batch_size=8",
+                "num_steps=5",
+                "eval_every=5",
+                "checkpoint_every=5",
+                *common,
+            ]  # fmt: skip
+        )
+    )
+    for artifact, torch_class, flax_class in (
+        (extended, BiGSForMaskedLM, FlaxBiGSForMaskedLMModule),
+        (classifier, BiGSForSequenceClassification, FlaxBiGSForSequenceClassificationModule),
+    ):
+        config, params = load_artifact(artifact)
+        assert (config.block_type, config.routing, config.num_attention_heads) == (block, routing, HEADS)
+        assert config.max_position_embeddings == 256
+        model, info = torch_class.from_pretrained(artifact, output_loading_info=True)
+        assert not info["missing_keys"] and not info["unexpected_keys"]
+        ids, mask, types = (t.numpy() for t in padded_batch([200, 77], 200, 30000))
+        expected = torch_logits(model.eval(), ids, mask, types)
+        got = np.asarray(flax_class(config).apply({"params": params}, *map(jnp.asarray, (ids, mask, types))))
+        assert np.abs(expected - got).max() <= 1e-4 * max(1.0, np.abs(expected).max()), artifact
+    card = json.loads((classifier / "training_card.json").read_text())
+    assert 0.0 <= card["held_out"]["test_accuracy"] <= 1.0
