@@ -441,3 +441,50 @@ def test_every_stage_trains_every_row(corpus_dir, tmp_path, block, routing):
         assert np.abs(expected - got).max() <= 1e-4 * max(1.0, np.abs(expected).max()), artifact
     card = json.loads((classifier / "training_card.json").read_text())
     assert 0.0 <= card["held_out"]["test_accuracy"] <= 1.0
+
+
+# --------------------------------------------------------------------------------------------
+# Stock transformers loads every row from the code its dir carries (model/hub.py)
+# --------------------------------------------------------------------------------------------
+
+# Runs with the project not importable (no PYTHONPATH, the editable install's hook dropped), offline.
+STOCK_ROWS_SCRIPT = r"""
+import json, sys
+sys.meta_path[:] = [f for f in sys.meta_path if not getattr(f, "__module__", "").startswith("__editable__")]
+import torch, transformers
+job = json.loads(sys.argv[1])
+out = {}
+for row, path in job["dirs"].items():
+    model = transformers.AutoModelForMaskedLM.from_pretrained(path, trust_remote_code=True).eval()
+    assert type(model).__module__.startswith("transformers_modules."), type(model).__module__
+    with torch.no_grad():
+        out[row] = model(**{k: torch.tensor(v) for k, v in job["inputs"].items()}).logits.tolist()
+print(json.dumps(out))
+"""
+
+
+@pytest.mark.slow
+def test_every_row_loads_in_stock_transformers_from_its_dir(row_exports, tmp_path):
+    import json
+    import os
+    import subprocess
+    import sys
+
+    ids, mask, types = padded_batch([30, 12], 30, 30000)
+    inputs = {"input_ids": ids.tolist(), "attention_mask": mask.tolist(), "token_type_ids": types.tolist()}
+    job = {"dirs": {row: str(out) for row, (_, _, out, _) in row_exports.items()}, "inputs": inputs}
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env.update(HF_HOME=str(tmp_path / "hf-home"), HF_HUB_OFFLINE="1")
+    result = subprocess.run(
+        [sys.executable, "-c", STOCK_ROWS_SCRIPT, json.dumps(job)],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+    )
+    assert result.returncode == 0, result.stderr[-4000:]
+    stock = json.loads(result.stdout.strip().splitlines()[-1])
+    for row, (model, _, _, _) in row_exports.items():
+        with torch.no_grad():
+            expected = model(ids, attention_mask=mask, token_type_ids=types).logits.numpy()
+        np.testing.assert_allclose(np.array(stock[row]), expected, rtol=1e-5, atol=1e-6, err_msg=row)
