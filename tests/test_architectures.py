@@ -64,6 +64,17 @@ def test_config_round_trips_through_config_json(tmp_path, block, routing):
     assert (loaded.block_type, loaded.routing, loaded.num_attention_heads) == (block, routing, HEADS)
 
 
+def test_bigs_init_writes_a_row_and_refuses_bad_heads_in_one_line(tmp_path):
+    import bigs_cli
+
+    base = ["init", "--hidden-size", "64", "--layers", "2", "--max-length", "128"]
+    bigs_cli.main([*base[:1], str(tmp_path / "ok"), *base[1:], "--block-type", "stack", "--routing", "attention"])
+    config = BiGSConfig.from_pretrained(tmp_path / "ok")
+    assert (config.block_type, config.routing, config.num_attention_heads) == ("stack", "attention", 1)
+    with pytest.raises(SystemExit, match="^bigs init: num_attention_heads must be a positive integer dividing"):
+        bigs_cli.main([*base[:1], str(tmp_path / "bad"), *base[1:], "--heads", "5"])
+
+
 # --------------------------------------------------------------------------------------------
 # Names and sizes
 # --------------------------------------------------------------------------------------------
