@@ -1,6 +1,11 @@
-"""The paper's four architectures (block gated | stack × routing ssm | attention; docs/DESIGN.md §2.7):
-each row is the same function in torch and Flax, its weights convert exactly both ways, padding and
-batching change nothing, and stack/attention is BERT (held against transformers' own BertForMaskedLM)."""
+"""The paper's four architectures (block gated | stack × routing ssm | attention; docs/DESIGN.md §2.7).
+
+Each row, on tiny models (hidden 64, 2 layers, 4 heads): the same function in torch and Flax, weights
+converted exactly both ways, padded = unpadded and batched = single, exported ONNX = torch (attention
+as one ONNX Attention node per layer), served answers = transformers' fill-mask pipeline, loadable in
+stock transformers from its dir, and trained through mlm → extend → classify. Stack/attention with
+post-norm is held against transformers' own BertForMaskedLM on BERT's weights.
+"""
 
 from __future__ import annotations
 
