@@ -52,13 +52,23 @@ def cmd_init(args: argparse.Namespace) -> None:
     from model.tokenizer import save_tokenizer
 
     labels = args.labels.split(",") if args.labels else None
-    config = BiGSConfig(
-        hidden_size=args.hidden_size,
-        num_hidden_layers=args.layers,
-        intermediate_size=args.intermediate_size or 3 * args.hidden_size,
-        max_position_embeddings=args.max_length,
-        **({"id2label": dict(enumerate(labels)), "label2id": {l: i for i, l in enumerate(labels)}} if labels else {}),
-    )
+    try:
+        config = BiGSConfig(
+            hidden_size=args.hidden_size,
+            num_hidden_layers=args.layers,
+            intermediate_size=args.intermediate_size or 3 * args.hidden_size,
+            max_position_embeddings=args.max_length,
+            block_type=args.block_type,
+            routing=args.routing,
+            num_attention_heads=args.heads,
+            **(
+                {"id2label": dict(enumerate(labels)), "label2id": {l: i for i, l in enumerate(labels)}}
+                if labels
+                else {}
+            ),
+        )
+    except ValueError as error:  # e.g. heads that do not divide the hidden size
+        fail("init", str(error))
     torch.manual_seed(args.seed)
     model_class = {
         "mlm": BiGSForMaskedLM,
@@ -378,6 +388,9 @@ def build_parser() -> argparse.ArgumentParser:
     init.add_argument("--layers", type=int, default=12)
     init.add_argument("--intermediate-size", type=int, default=None, help="default 3 x hidden size")
     init.add_argument("--max-length", type=int, default=4096)
+    init.add_argument("--block-type", choices=["gated", "stack"], default="gated", help="docs/DESIGN.md §2.7")
+    init.add_argument("--routing", choices=["ssm", "attention"], default="ssm", help="docs/DESIGN.md §2.7")
+    init.add_argument("--heads", type=int, default=None, help="attention heads (default hidden size / 64)")
     init.add_argument("--labels", default=None, help="comma-separated class names (classification, tokens)")
     init.add_argument("--seed", type=int, default=0)
     init.set_defaults(func=cmd_init)

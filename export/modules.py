@@ -149,20 +149,24 @@ def frozen_ssm(ssm: S4dLayer, length: int, formulation: Formulation) -> nn.Modul
 
 @contextlib.contextmanager
 def frozen_ssms(model: nn.Module, length: int, formulation: Formulation) -> Iterator[nn.Module]:
-    """Swap every layer's fs4/bs4 for its frozen twin at `length` while inside; restored on exit.
+    """Swap every S4dLayer (a gated layer's fs4/bs4, a stack block's ssm.self.fs4/bs4) for its frozen
+    twin at `length` while inside; restored on exit. A model with attention routing has none.
 
     The swap shares every other parameter with `model` (no copy of a large model per bucket).
     """
-    layers = model.bigs.encoder.layer
-    originals = [(layer.fs4, layer.bs4) for layer in layers]
+    owners = [
+        (owner, name, child)
+        for owner in model.modules()
+        for name, child in owner.named_children()
+        if isinstance(child, S4dLayer)
+    ]
     try:
-        for layer, (fs4, bs4) in zip(layers, originals, strict=True):
-            layer.fs4 = frozen_ssm(fs4, length, formulation)
-            layer.bs4 = frozen_ssm(bs4, length, formulation)
+        for owner, name, ssm in owners:
+            setattr(owner, name, frozen_ssm(ssm, length, formulation))
         yield model
     finally:
-        for layer, (fs4, bs4) in zip(layers, originals, strict=True):
-            layer.fs4, layer.bs4 = fs4, bs4
+        for owner, name, ssm in owners:
+            setattr(owner, name, ssm)
 
 
 # --------------------------------------------------------------------------------------------

@@ -42,6 +42,9 @@ from .manifest import OnnxSection
 from .modules import Formulation, export_wrapper, formulation_for, frozen_ssms
 
 ONNX_OPSET = 20  # Gelu is a native op from opset 20
+# Models with attention routing (docs/DESIGN.md §2.7): from opset 23 the exporter writes
+# scaled_dot_product_attention as one ONNX `Attention` node, one kernel in ONNX Runtime (§3.6).
+ATTENTION_OPSET = 23
 WEIGHTS_FILE = "weights.bin"
 MIN_SHARED_BYTES = 1024  # smaller initializers stay inside each graph
 ALIGN = 64  # every tensor starts 64-byte aligned (SIMD loads straight from the mapped file)
@@ -62,6 +65,10 @@ OFFLINE_OPTIMIZATION_LEVEL = "ORT_ENABLE_EXTENDED"
 # --------------------------------------------------------------------------------------------
 # 1. torch → ONNX
 # --------------------------------------------------------------------------------------------
+
+
+def opset_for(model: torch.nn.Module) -> int:
+    return ATTENTION_OPSET if getattr(model.config, "routing", "ssm") == "attention" else ONNX_OPSET
 
 
 def example_inputs(wrapper: torch.nn.Module, length: int, batch: int = 2, positions: int = 3) -> tuple:
@@ -90,7 +97,7 @@ def torch_to_onnx(model: torch.nn.Module, length: int, formulation: Formulation,
                 args,
                 str(path),
                 dynamo=True,
-                opset_version=ONNX_OPSET,
+                opset_version=opset_for(model),
                 input_names=list(wrapper.input_names),
                 output_names=list(wrapper.output_names),
                 dynamic_shapes=dynamic,
@@ -251,7 +258,7 @@ def export_onnx(model: torch.nn.Module, buckets: list[int], onnx_dir: Path, quan
     onnx_dir.mkdir(parents=True, exist_ok=True)
     weights = WeightsFileWriter(onnx_dir / WEIGHTS_FILE)
     section = {
-        "exporter": f"torch.onnx.export(dynamo=True, opset_version={ONNX_OPSET})",
+        "exporter": f"torch.onnx.export(dynamo=True, opset_version={opset_for(model)})",
         "offline_optimization": OFFLINE_OPTIMIZATION_LEVEL,
         "session_options": SESSION_OPTIONS,
         "weights_file": f"onnx/{WEIGHTS_FILE}",

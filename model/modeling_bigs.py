@@ -1,11 +1,15 @@
-"""BiGS in PyTorch, in the order of the paper: kernel → SSM → gated layer → encoder → heads.
+"""BiGS in PyTorch, in the order of the paper: kernel → SSM → routing → gated / stack block → encoder → heads.
 
 Module and parameter names are those of the published PyTorch port, so its checkpoints load
 with no missing or unexpected weights. One deliberate difference: with `mask_padding_in_ssm`
 (the default) the SSM inputs are zeroed at padded positions, so the outputs at real tokens do
 not depend on padding or batching (docs/DESIGN.md §2.5). For unpadded input both behaviours are identical.
 
-Shapes: B batch, L sequence, d hidden_size, I intermediate_size, N num_ssm.
+The config picks one of the paper's four architectures (Table 1): `block_type` gated | stack ×
+`routing` ssm | attention (docs/DESIGN.md §2.7); gated/ssm is BiGS, stack/attention is BERT. Only the
+encoder and the blocks look at them; embeddings, pooler and heads are shared.
+
+Shapes: B batch, L sequence, d hidden_size, I intermediate_size, N num_ssm, h num_attention_heads.
 """
 
 from __future__ import annotations
@@ -85,39 +89,145 @@ class S4dLayer(nn.Module):
 
 
 # ------------------------------------------------------------------------------------------
-# Gated bidirectional layer
+# Routing: how positions exchange information (the SSM pair, or self-attention)
+# ------------------------------------------------------------------------------------------
+
+
+def key_padding_bias(real_tokens: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """(B, L) 1 = real token → (B, 1, L, L) additive attention bias: 0 on real keys, the dtype's most
+    negative value on pad keys, so pad keys get exactly zero weight (exp underflows) and a row with
+    no real key at all stays finite (uniform) instead of NaN. Expanded over the queries (a view in
+    torch): ONNX Runtime's CPU kernel of the ONNX Attention op requires the mask's query dimension."""
+    L = real_tokens.shape[-1]
+    return ((1.0 - real_tokens.to(dtype)) * torch.finfo(dtype).min)[:, None, None, :].expand(-1, -1, L, -1)
+
+
+class BiGSSelfAttention(nn.Module):
+    """Bidirectional multi-head self-attention (BERT's `BertSelfAttention`; docs/DESIGN.md §2.7), pad keys
+    masked, so the outputs at real tokens do not depend on padding. H (B, L, d) → context (B, L, d):
+
+    Q, K, V = H Wq, H Wk, H Wv     query, key, value   split into h heads of d/h
+    context = softmax(Q Kᵀ / √(d/h) + pad bias) V      per head, heads concatenated
+
+    Written with `F.scaled_dot_product_attention`: torch picks its fused kernel, and the ONNX exporter
+    (opset 23) writes it as one ONNX `Attention` node per layer, which ONNX Runtime runs as one
+    kernel (docs/DESIGN.md §3.6).
+    """
+
+    def __init__(self, config: BiGSConfig):
+        super().__init__()
+        d = config.hidden_size
+        self.num_heads = config.num_attention_heads
+        self.head_size = d // self.num_heads
+        self.query = nn.Linear(d, d)
+        self.key = nn.Linear(d, d)
+        self.value = nn.Linear(d, d)
+
+    def forward(self, H: torch.Tensor, real_tokens: torch.Tensor | None) -> torch.Tensor:
+        def heads(x):  # (B, L, d) → (B, h, L, d/h)
+            return x.unflatten(-1, (self.num_heads, self.head_size)).transpose(1, 2)
+
+        bias = None if real_tokens is None else key_padding_bias(real_tokens, H.dtype)
+        context = F.scaled_dot_product_attention(heads(self.query(H)), heads(self.key(H)), heads(self.value(H)), bias)
+        return context.transpose(1, 2).flatten(2)  # (B, L, d)
+
+
+class BiGSBidirectionalSSM(nn.Module):
+    """The stack block's SSM routing: the forward SSM and the flipped backward SSM of H, side by side.
+    H (B, L, d) → [SSM_f(H); flip(SSM_b(flip(H)))] (B, L, 2d); the block's output dense projects it to d.
+    Pad positions are zeroed before the convolutions, as in the gated layer (docs/DESIGN.md §2.5)."""
+
+    def __init__(self, config: BiGSConfig):
+        super().__init__()
+        self.mask_padding_in_ssm = config.mask_padding_in_ssm
+        self.fs4 = S4dLayer(config)
+        self.bs4 = S4dLayer(config)
+
+    def forward(self, H: torch.Tensor, real_tokens: torch.Tensor | None) -> torch.Tensor:
+        if real_tokens is not None and self.mask_padding_in_ssm:
+            H = H * real_tokens.to(H.dtype)[..., None]
+        backward = torch.flip(self.bs4(torch.flip(H, dims=[1])), dims=[1])
+        return torch.cat([self.fs4(H), backward], dim=-1)
+
+
+class BiGSSublayerOutput(nn.Module):
+    """The dense projection back to d of a sublayer and, in a stack block, the LayerNorm of its
+    residual (BERT's `BertSelfOutput` / `BertOutput`; the dense and LayerNorm names are BERT's)."""
+
+    def __init__(self, config: BiGSConfig, in_features: int, layer_norm: bool = True):
+        super().__init__()
+        self.dense = nn.Linear(in_features, config.hidden_size)
+        if layer_norm:
+            self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+
+
+class BiGSRouting(nn.Module):
+    """A routing sublayer: `mixer` (self-attention or the SSM pair) then `output.dense` back to d.
+
+    Names follow BERT: with attention the mixer is `self` (`attention.self.query`, …) and the
+    projection `attention.output.dense`; with the SSM pair the mixer's SSMs are `ssm.fs4`, `ssm.bs4`
+    and the projection `ssm.output.dense` (2d → d)."""
+
+    def __init__(self, config: BiGSConfig, layer_norm: bool):
+        super().__init__()
+        d = config.hidden_size
+        if config.routing == "attention":
+            self.self = BiGSSelfAttention(config)
+            mixed = d
+        else:
+            self.self = BiGSBidirectionalSSM(config)
+            mixed = 2 * d
+        self.output = BiGSSublayerOutput(config, mixed, layer_norm)
+
+    def forward(self, H: torch.Tensor, real_tokens: torch.Tensor | None) -> torch.Tensor:
+        return self.output.dense(self.self(H, real_tokens))
+
+
+# ------------------------------------------------------------------------------------------
+# Blocks: gated (BiGS) and stack (BERT's layout)
 # ------------------------------------------------------------------------------------------
 
 
 class BiGSLayer(nn.Module):
-    """One BiGS layer (paper Fig. 2, docs/DESIGN.md §2.2), X (B, L, d) → X' (B, L, d):
+    """One gated layer (paper Fig. 2, docs/DESIGN.md §2.2), X (B, L, d) → X' (B, L, d):
 
     H  = LayerNorm(X)
     V  = σ(H Wv)                 dv            (B, L, I)
+    U  = routing(H)                            (B, L, d)
+    X' = X + (σ(U Wdol) ⊙ V) Wdo               dol, do
+
+    SSM routing (the default, the published layer; its names are the published ones):
     F  = σ(H Wf)                 du_forward    (B, L, d)
     Bk = σ(flip(H) Wb)           du_backward   (B, L, d)
     U  = (SSM_f(F) Wuf) ⊙ flip(SSM_b(Bk) Wub)  duc_forward, duc_backward
-    X' = X + (σ(U Wdol) ⊙ V) Wdo               dol, do
+
+    Attention routing (docs/DESIGN.md §2.7): U = MultiHeadSelfAttention(H) Wo, `attention.self.*`,
+    `attention.output.dense`: Wq, Wk, Wv take the place of Wf, Wb and Wo of Wuf, Wub, so the layer has
+    exactly as many parameters as with the SSM pair (minus the SSMs' 2(3N + 2)).
     """
 
     def __init__(self, config: BiGSConfig):
         super().__init__()
         d, inter = config.hidden_size, config.intermediate_size
         self.pre_norm = config.pre_norm
+        self.routing = config.routing
         self.mask_padding_in_ssm = config.mask_padding_in_ssm
         self.LayerNorm = nn.LayerNorm(d, eps=config.layer_norm_eps)
-        self.fs4 = S4dLayer(config)
-        self.bs4 = S4dLayer(config)
+        if self.routing == "ssm":
+            self.fs4 = S4dLayer(config)
+            self.bs4 = S4dLayer(config)
         self.dv = nn.Linear(d, inter)
-        self.du_forward = nn.Linear(d, d)
-        self.du_backward = nn.Linear(d, d)
-        self.duc_forward = nn.Linear(d, d)
-        self.duc_backward = nn.Linear(d, d)
+        if self.routing == "ssm":
+            self.du_forward = nn.Linear(d, d)
+            self.du_backward = nn.Linear(d, d)
+            self.duc_forward = nn.Linear(d, d)
+            self.duc_backward = nn.Linear(d, d)
+        else:
+            self.attention = BiGSRouting(config, layer_norm=False)
         self.dol = nn.Linear(d, inter)
         self.do = nn.Linear(inter, d)
 
-    def gated_ssm(self, H: torch.Tensor, real_tokens: torch.Tensor | None) -> torch.Tensor:
-        V = F.gelu(self.dv(H))
+    def ssm_routing(self, H: torch.Tensor, real_tokens: torch.Tensor | None) -> torch.Tensor:
         forward_in = F.gelu(self.du_forward(H))
         backward_in = F.gelu(self.du_backward(torch.flip(H, dims=[1])))
         if real_tokens is not None and self.mask_padding_in_ssm:
@@ -125,7 +235,12 @@ class BiGSLayer(nn.Module):
             keep = real_tokens.to(H.dtype)[..., None]  # (B, L, 1)
             forward_in = forward_in * keep
             backward_in = backward_in * torch.flip(keep, dims=[1])
-        U = self.duc_forward(self.fs4(forward_in)) * torch.flip(self.duc_backward(self.bs4(backward_in)), dims=[1])
+        return self.duc_forward(self.fs4(forward_in)) * torch.flip(self.duc_backward(self.bs4(backward_in)), dims=[1])
+
+    def gated_ssm(self, H: torch.Tensor, real_tokens: torch.Tensor | None) -> torch.Tensor:
+        """The gated branch (named for the published layer; with attention routing U comes from attention)."""
+        V = F.gelu(self.dv(H))
+        U = self.ssm_routing(H, real_tokens) if self.routing == "ssm" else self.attention(H, real_tokens)
         return self.do(F.gelu(self.dol(U)) * V)
 
     def forward(self, X: torch.Tensor, real_tokens: torch.Tensor | None = None) -> torch.Tensor:
@@ -134,10 +249,57 @@ class BiGSLayer(nn.Module):
         return self.LayerNorm(X + self.gated_ssm(X, real_tokens))
 
 
-class BiGSEncoder(nn.Module):
+class BiGSIntermediate(nn.Module):
+    """The first half of a stack block's feed-forward: σ(X W1), d → I (BERT's `BertIntermediate`)."""
+
     def __init__(self, config: BiGSConfig):
         super().__init__()
-        self.layer = nn.ModuleList([BiGSLayer(config) for _ in range(config.num_hidden_layers)])
+        self.dense = nn.Linear(config.hidden_size, config.intermediate_size)
+
+    def forward(self, X: torch.Tensor) -> torch.Tensor:
+        return F.gelu(self.dense(X))
+
+
+class BiGSStackLayer(nn.Module):
+    """One stack block (BERT's layout, docs/DESIGN.md §2.7), X (B, L, d) → X'' (B, L, d); pre-norm:
+
+    X'  = X  + Routing(LN1(X)) W_r                 attention.* or ssm.*; W_r = *.output.dense, LN1 = *.output.LayerNorm
+    X'' = X' + σ(LN2(X') W1) W2                    intermediate.dense, output.dense, LN2 = output.LayerNorm
+
+    post-norm (`pre_norm=False`, BERT's): X' = LN1(X + Routing(X) W_r), X'' = LN2(X' + σ(X' W1) W2).
+    With attention routing and post-norm this is exactly BERT's `BertLayer` (eval mode), with BERT's
+    parameter names. With SSM routing, Routing(H) = [SSM_f(H); flip(SSM_b(flip(H)))] and W_r is 2d → d.
+    """
+
+    def __init__(self, config: BiGSConfig):
+        super().__init__()
+        self.pre_norm = config.pre_norm
+        self.routing = config.routing  # the routing sublayer's attribute name: "attention" or "ssm"
+        setattr(self, self.routing, BiGSRouting(config, layer_norm=True))
+        self.intermediate = BiGSIntermediate(config)
+        self.output = BiGSSublayerOutput(config, config.intermediate_size)
+
+    def residual(self, X: torch.Tensor, sublayer, norm: nn.LayerNorm) -> torch.Tensor:
+        if self.pre_norm:
+            return X + sublayer(norm(X))
+        return norm(X + sublayer(X))
+
+    def forward(self, X: torch.Tensor, real_tokens: torch.Tensor | None = None) -> torch.Tensor:
+        routing = getattr(self, self.routing)
+        X = self.residual(X, lambda H: routing(H, real_tokens), routing.output.LayerNorm)
+        return self.residual(X, lambda H: self.output.dense(self.intermediate(H)), self.output.LayerNorm)
+
+
+LAYER_CLASSES = {"gated": BiGSLayer, "stack": BiGSStackLayer}
+
+
+class BiGSEncoder(nn.Module):
+    """`num_hidden_layers` blocks of `config.block_type`; the only place the block type is chosen."""
+
+    def __init__(self, config: BiGSConfig):
+        super().__init__()
+        layer_class = LAYER_CLASSES[config.block_type]
+        self.layer = nn.ModuleList([layer_class(config) for _ in range(config.num_hidden_layers)])
 
     def forward(self, X, real_tokens=None, output_hidden_states: bool = False):
         all_hidden = (X,) if output_hidden_states else None

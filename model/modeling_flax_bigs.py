@@ -5,6 +5,8 @@ The parameter tree is the one of the published Flax code (jxiw/BiGS), so its che
     s4_bert/embeddings/{word,position,token_type}_embeddings/embedding, s4_bert/embeddings/LayerNorm
     s4_bert/encoder/layer/{i}/LayerNorm, …/{fs4,bs4}/{log_step,A_re,A_im,C,D},
     …/{dv,du_forward,du_backward,duc_forward,duc_backward,dol,do}/{kernel,bias}
+    (the other rows of docs/DESIGN.md §2.7 use the torch model's names: …/attention/self/query,
+    …/attention/output/{dense,LayerNorm}, …/ssm/self/{fs4,bs4}, …/intermediate/dense, …/output/…)
     s4_bert/pooler/dense                                    (classification)
     cls/predictions/{transform/{dense,LayerNorm},bias}      (MLM; decoder tied to word embeddings)
     classifier                                              (classification)
@@ -88,45 +90,173 @@ class S4dLayer(nn.Module):
 
 
 # ------------------------------------------------------------------------------------------
-# Gated bidirectional layer and encoder
+# Routing (the SSM pair, or self-attention), blocks (gated, stack) and encoder
 # ------------------------------------------------------------------------------------------
 
 
+def _dense(config: BiGSConfig, dtype, features: int, **kwargs):
+    return nn.Dense(features, dtype=dtype, kernel_init=nn.initializers.normal(config.initializer_range), **kwargs)
+
+
+class FlaxBiGSSelfAttention(nn.Module):
+    """Bidirectional multi-head self-attention, pad keys masked; see BiGSSelfAttention (torch)."""
+
+    config: BiGSConfig
+    dtype: jnp.dtype = jnp.float32
+
+    def setup(self):
+        d = self.config.hidden_size
+        self.query = _dense(self.config, self.dtype, d)
+        self.key = _dense(self.config, self.dtype, d)
+        self.value = _dense(self.config, self.dtype, d)
+
+    def __call__(self, H, real_tokens):
+        heads, d = self.config.num_attention_heads, self.config.hidden_size
+
+        def split(x):  # (B, L, d) → (B, L, h, d/h)
+            return x.reshape(x.shape[:2] + (heads, d // heads))
+
+        q, k, v = split(self.query(H)), split(self.key(H)), split(self.value(H))
+        # Scores and softmax in float32 whatever the compute dtype; pad keys get the float32 minimum
+        # (zero weight; a row with no real key stays finite), as the torch model's additive bias.
+        scores = jnp.einsum("bqhc,bkhc->bhqk", q, k).astype(jnp.float32) / math.sqrt(d // heads)
+        scores = jnp.where(real_tokens[:, None, None, :] > 0, scores, jnp.finfo(jnp.float32).min)
+        weights = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
+        return jnp.einsum("bhqk,bkhc->bqhc", weights, v).reshape(H.shape[:2] + (d,))
+
+
+class FlaxBiGSBidirectionalSSM(nn.Module):
+    """[SSM_f(H); flip(SSM_b(flip(H)))] (B, L, 2d); see BiGSBidirectionalSSM (torch)."""
+
+    config: BiGSConfig
+    dtype: jnp.dtype = jnp.float32
+
+    def setup(self):
+        self.fs4 = S4dLayer(num_ssm=self.config.num_ssm)
+        self.bs4 = S4dLayer(num_ssm=self.config.num_ssm)
+
+    def __call__(self, H, real_tokens):
+        if self.config.mask_padding_in_ssm:
+            H = H * real_tokens.astype(H.dtype)[..., None]
+        backward = jnp.flip(self.bs4(jnp.flip(H, axis=1)), axis=1)
+        return jnp.concatenate([self.fs4(H), backward], axis=-1)
+
+
+class FlaxBiGSSublayerOutput(nn.Module):
+    """`dense` back to d and, in a stack block, the residual's `LayerNorm`; see BiGSSublayerOutput."""
+
+    config: BiGSConfig
+    layer_norm: bool = True
+    dtype: jnp.dtype = jnp.float32
+
+    def setup(self):
+        self.dense = _dense(self.config, self.dtype, self.config.hidden_size)
+        if self.layer_norm:
+            self.LayerNorm = nn.LayerNorm(epsilon=self.config.layer_norm_eps, dtype=self.dtype)
+
+
+class FlaxBiGSRouting(nn.Module):
+    """mixer `self` (attention or the SSM pair) → `output.dense`; see BiGSRouting (torch)."""
+
+    config: BiGSConfig
+    layer_norm: bool = True
+    dtype: jnp.dtype = jnp.float32
+
+    def setup(self):
+        mixer = FlaxBiGSSelfAttention if self.config.routing == "attention" else FlaxBiGSBidirectionalSSM
+        self.self = mixer(self.config, dtype=self.dtype)
+        self.output = FlaxBiGSSublayerOutput(self.config, layer_norm=self.layer_norm, dtype=self.dtype)
+
+    def __call__(self, H, real_tokens):
+        return self.output.dense(self.self(H, real_tokens))
+
+    def norm(self, X):
+        return self.output.LayerNorm(X)
+
+
 class FlaxBiGSLayer(nn.Module):
-    """One BiGS layer; see BiGSLayer in modeling_bigs.py for the equations."""
+    """One gated layer; see BiGSLayer in modeling_bigs.py for the equations."""
 
     config: BiGSConfig
     dtype: jnp.dtype = jnp.float32
 
     def setup(self):
         c = self.config
-        dense = partial(nn.Dense, dtype=self.dtype, kernel_init=nn.initializers.normal(c.initializer_range))
+        dense = partial(_dense, c, self.dtype)
         self.LayerNorm = nn.LayerNorm(epsilon=c.layer_norm_eps, dtype=self.dtype)
-        self.fs4 = S4dLayer(num_ssm=c.num_ssm)
-        self.bs4 = S4dLayer(num_ssm=c.num_ssm)
+        if c.routing == "ssm":
+            self.fs4 = S4dLayer(num_ssm=c.num_ssm)
+            self.bs4 = S4dLayer(num_ssm=c.num_ssm)
         self.dv = dense(c.intermediate_size)
-        self.du_forward = dense(c.hidden_size)
-        self.du_backward = dense(c.hidden_size)
-        self.duc_forward = dense(c.hidden_size)
-        self.duc_backward = dense(c.hidden_size)
+        if c.routing == "ssm":
+            self.du_forward = dense(c.hidden_size)
+            self.du_backward = dense(c.hidden_size)
+            self.duc_forward = dense(c.hidden_size)
+            self.duc_backward = dense(c.hidden_size)
+        else:
+            self.attention = FlaxBiGSRouting(c, layer_norm=False, dtype=self.dtype)
         self.dol = dense(c.intermediate_size)
         self.do = dense(c.hidden_size)
 
-    def gated_ssm(self, H, real_tokens):
-        V = exact_gelu(self.dv(H))
+    def ssm_routing(self, H, real_tokens):
         forward_in = exact_gelu(self.du_forward(H))
         backward_in = exact_gelu(self.du_backward(jnp.flip(H, axis=1)))
         if self.config.mask_padding_in_ssm:
             keep = real_tokens.astype(H.dtype)[..., None]  # (B, L, 1)
             forward_in = forward_in * keep
             backward_in = backward_in * jnp.flip(keep, axis=1)
-        U = self.duc_forward(self.fs4(forward_in)) * jnp.flip(self.duc_backward(self.bs4(backward_in)), axis=1)
+        return self.duc_forward(self.fs4(forward_in)) * jnp.flip(self.duc_backward(self.bs4(backward_in)), axis=1)
+
+    def gated_ssm(self, H, real_tokens):
+        V = exact_gelu(self.dv(H))
+        U = self.ssm_routing(H, real_tokens) if self.config.routing == "ssm" else self.attention(H, real_tokens)
         return self.do(exact_gelu(self.dol(U)) * V)
 
     def __call__(self, X, real_tokens):
         if self.config.pre_norm:
             return X + self.gated_ssm(self.LayerNorm(X), real_tokens)
         return self.LayerNorm(X + self.gated_ssm(X, real_tokens))
+
+
+class FlaxBiGSIntermediate(nn.Module):
+    config: BiGSConfig
+    dtype: jnp.dtype = jnp.float32
+
+    def setup(self):
+        self.dense = _dense(self.config, self.dtype, self.config.intermediate_size)
+
+    def __call__(self, X):
+        return exact_gelu(self.dense(X))
+
+
+class FlaxBiGSStackLayer(nn.Module):
+    """One stack block (BERT's layout); see BiGSStackLayer in modeling_bigs.py for the equations."""
+
+    config: BiGSConfig
+    dtype: jnp.dtype = jnp.float32
+
+    def setup(self):
+        c = self.config
+        routing = FlaxBiGSRouting(c, layer_norm=True, dtype=self.dtype)
+        if c.routing == "attention":  # the parameter tree's names: attention/… or ssm/…
+            self.attention = routing
+        else:
+            self.ssm = routing
+        self.intermediate = FlaxBiGSIntermediate(c, dtype=self.dtype)
+        self.output = FlaxBiGSSublayerOutput(c, layer_norm=True, dtype=self.dtype)
+
+    def residual(self, X, sublayer, norm):
+        if self.config.pre_norm:
+            return X + sublayer(norm(X))
+        return norm(X + sublayer(X))
+
+    def __call__(self, X, real_tokens):
+        routing = self.attention if self.config.routing == "attention" else self.ssm
+        X = self.residual(X, lambda H: routing(H, real_tokens), routing.norm)
+        return self.residual(X, lambda H: self.output.dense(self.intermediate(H)), self.output.LayerNorm)
+
+
+FLAX_LAYER_CLASSES = {"gated": FlaxBiGSLayer, "stack": FlaxBiGSStackLayer}
 
 
 class FlaxBiGSLayerCollection(nn.Module):
@@ -137,7 +267,7 @@ class FlaxBiGSLayerCollection(nn.Module):
     def __call__(self, X, real_tokens, output_hidden_states: bool = False):
         all_hidden = (X,) if output_hidden_states else None
         for i in range(self.config.num_hidden_layers):
-            X = FlaxBiGSLayer(self.config, dtype=self.dtype, name=str(i))(X, real_tokens)
+            X = FLAX_LAYER_CLASSES[self.config.block_type](self.config, dtype=self.dtype, name=str(i))(X, real_tokens)
             if output_hidden_states:
                 all_hidden = all_hidden + (X,)
         return X, all_hidden

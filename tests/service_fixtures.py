@@ -55,8 +55,9 @@ def masked_text(n_tokens: int, seed: int = 0, masks: int = 1) -> str:
 # -- models -----------------------------------------------------------------------------------
 
 
-def _artifact(out_dir: Path, task: str, seed: int) -> Path:
-    """A fresh artifact dir (config, safetensors, tokenizer), as `bigs init` writes, with wider weights."""
+def _artifact(out_dir: Path, task: str, seed: int, **config_overrides) -> Path:
+    """A fresh artifact dir (config, safetensors, tokenizer), as `bigs init` writes, with wider weights;
+    `config_overrides` change BiGSConfig fields (e.g. the architecture, docs/DESIGN.md §2.7)."""
     import torch
 
     from model import BiGSConfig, BiGSForMaskedLM, BiGSForSequenceClassification
@@ -70,6 +71,7 @@ def _artifact(out_dir: Path, task: str, seed: int) -> Path:
         max_position_embeddings=MAX_LENGTH,
         initializer_range=0.12,
         hidden_dropout_prob=0.0,
+        **config_overrides,
     )
     if task == "classification":
         fields.update(

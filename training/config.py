@@ -30,6 +30,24 @@ class ModelSettings(_Section):
     num_ssm: int = 64
     max_position_embeddings: int = 128
     hidden_dropout_prob: float = 0.1
+    block_type: Literal["gated", "stack"] = Field(
+        "gated", description="gated (BiGS) or stack (BERT's layout); docs/DESIGN.md §2.7"
+    )
+    routing: Literal["ssm", "attention"] = Field(
+        "ssm", description="ssm (BiGS) or attention (stack + attention = BERT)"
+    )
+    num_attention_heads: int | None = Field(None, description="attention routing: default hidden_size / 64")
+
+    @model_validator(mode="after")
+    def heads_divide_hidden_size(self) -> ModelSettings:
+        if self.num_attention_heads is not None and (
+            self.num_attention_heads < 1 or self.hidden_size % self.num_attention_heads
+        ):
+            raise ValueError(
+                f"num_attention_heads={self.num_attention_heads} must be positive and divide "
+                f"hidden_size={self.hidden_size}"
+            )
+        return self
 
 
 class DataSettings(_Section):

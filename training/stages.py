@@ -166,6 +166,9 @@ def _model_config(config: TrainConfig, vocab_size: int) -> BiGSConfig:
         num_ssm=m.num_ssm,
         max_position_embeddings=max(m.max_position_embeddings, config.data.seq_len),
         hidden_dropout_prob=m.hidden_dropout_prob,
+        block_type=m.block_type,
+        routing=m.routing,
+        num_attention_heads=m.num_attention_heads,
     )
 
 

@@ -174,6 +174,25 @@ def card_metadata(config: dict, card: dict | None) -> ModelCardData:
     )
 
 
+def describe_layers(config: dict, architecture: str) -> str:
+    """One sentence on the row of the paper's Table 1 the config picks (docs/DESIGN.md §2.7)."""
+    block, routing = config.get("block_type", "gated"), config.get("routing", "ssm")
+    if (block, routing) == ("gated", "ssm"):
+        return (
+            f"A BiGS encoder (`{architecture}`): bidirectional gated state-space layers and no attention "
+            '("Pretraining Without Attention", Wang et al.).'
+        )
+    layers = {
+        ("gated", "attention"): "gated layers with bidirectional multi-head self-attention in place of the SSMs",
+        ("stack", "ssm"): "stacked layers (BERT's layout) with a bidirectional SSM pair in place of attention",
+        ("stack", "attention"): "stacked layers with bidirectional multi-head self-attention, i.e. BERT",
+    }[(block, routing)]
+    return (
+        f"An encoder of the BiGS family (`{architecture}`, block_type={block}, routing={routing}): {layers}, "
+        'one row of the controlled comparison of "Pretraining Without Attention" (Wang et al.).'
+    )
+
+
 def model_card(name: str, config: dict, card: dict | None, notes: list[str] = ()) -> str:
     """README.md text: YAML front matter (huggingface_hub's ModelCardData) and what the dir knows."""
     architecture = (config.get("architectures") or ["BiGSModel"])[0]
@@ -187,8 +206,7 @@ def model_card(name: str, config: dict, card: dict | None, notes: list[str] = ()
         "",
         f"# {name}",
         "",
-        f"A BiGS encoder (`{architecture}`): bidirectional gated state-space layers and no attention "
-        '("Pretraining Without Attention", Wang et al.). '
+        f"{describe_layers(config, architecture)} "
         f"d = {d}, {layers} layers, I = {config.get('intermediate_size')}, N = {config.get('num_ssm')} SSM modes, "
         f"inputs up to {config.get('max_position_embeddings')} tokens, BERT uncased WordPiece "
         f"({config.get('vocab_size')} entries).",

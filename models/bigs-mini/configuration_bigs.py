@@ -10,6 +10,9 @@ from __future__ import annotations
 from transformers import PretrainedConfig
 
 SSM_FORMULATIONS = ("fft", "toeplitz", "chunked", "direct")
+# The paper's controlled comparison (Table 1): the block × how tokens exchange information.
+BLOCK_TYPES = ("gated", "stack")
+ROUTINGS = ("ssm", "attention")
 
 
 class BiGSConfig(PretrainedConfig):
@@ -18,8 +21,9 @@ class BiGSConfig(PretrainedConfig):
     Args:
         vocab_size: size of the WordPiece vocabulary (30,522 for BERT uncased).
         hidden_size: d, the width of the residual stream.
-        num_hidden_layers: number of gated bidirectional SSM layers.
-        intermediate_size: I, the width of the gate branch V and of the output MLP (3d in the paper).
+        num_hidden_layers: number of layers (blocks).
+        intermediate_size: I, the width of the gate branch V and of the output MLP (3d in the paper) of a
+            gated block; the width of the feed-forward of a stack block.
         hidden_act: activation of the MLM head transform ("gelu" = exact erf GELU).
         hidden_dropout_prob: dropout after the embeddings and before the classifier.
         max_position_embeddings: number of learned absolute positions = the longest input.
@@ -41,6 +45,14 @@ class BiGSConfig(PretrainedConfig):
             reference), "toeplitz" (an L x L lower-triangular matmul), "chunked" (the semiseparable
             chunked form) or "direct" (O(L^2) sum, for tests). All give the same function.
         ssm_chunk_size: chunk length of the "chunked" formulation.
+        block_type: "gated" (the BiGS layer, the default: the routing output gates a GELU branch, one
+            residual per layer) or "stack" (BERT's layout: routing then feed-forward, each with its own
+            residual and LayerNorm). docs/DESIGN.md §2.7.
+        routing: how positions exchange information inside a block: "ssm" (the forward and backward
+            SSMs, the default) or "attention" (bidirectional multi-head self-attention, pad keys masked).
+            block_type="stack", routing="attention" is BERT.
+        num_attention_heads: heads of the attention routing; defaults to hidden_size / 64 (at least 1).
+            Must divide hidden_size. Recorded but unused with routing="ssm".
     """
 
     model_type = "BiGS"
@@ -69,6 +81,9 @@ class BiGSConfig(PretrainedConfig):
         mask_padding_in_ssm: bool = True,
         ssm_formulation: str = "fft",
         ssm_chunk_size: int = 256,
+        block_type: str = "gated",
+        routing: str = "ssm",
+        num_attention_heads: int | None = None,
         **kwargs,
     ):
         # Published checkpoints were trained with tied input/output embeddings.
@@ -78,6 +93,22 @@ class BiGSConfig(PretrainedConfig):
             raise ValueError(f"pooler_type must be 'non_padding_mean' or 'mean', got {pooler_type!r}")
         if ssm_formulation not in SSM_FORMULATIONS:
             raise ValueError(f"ssm_formulation must be one of {SSM_FORMULATIONS}, got {ssm_formulation!r}")
+        if block_type not in BLOCK_TYPES:
+            raise ValueError(f"block_type must be one of {BLOCK_TYPES}, got {block_type!r}")
+        if routing not in ROUTINGS:
+            raise ValueError(f"routing must be one of {ROUTINGS}, got {routing!r}")
+        if num_attention_heads is None:
+            num_attention_heads = max(1, hidden_size // 64)
+        if (
+            isinstance(num_attention_heads, bool)
+            or not isinstance(num_attention_heads, int)
+            or num_attention_heads < 1
+            or hidden_size % num_attention_heads
+        ):
+            raise ValueError(
+                f"num_attention_heads must be a positive integer dividing hidden_size={hidden_size}, "
+                f"got {num_attention_heads!r}"
+            )
         self.vocab_size = vocab_size
         self.hidden_size = hidden_size
         self.num_hidden_layers = num_hidden_layers
@@ -99,6 +130,9 @@ class BiGSConfig(PretrainedConfig):
         self.mask_padding_in_ssm = mask_padding_in_ssm
         self.ssm_formulation = ssm_formulation
         self.ssm_chunk_size = ssm_chunk_size
+        self.block_type = block_type
+        self.routing = routing
+        self.num_attention_heads = num_attention_heads
 
     def save_pretrained(self, save_directory, push_to_hub: bool = False, **kwargs):
         """config.json as transformers writes it, then the model code and `auto_map` beside it
