@@ -116,18 +116,60 @@ def ort_optimize(src: Path, dst: Path) -> None:
     ort.InferenceSession(str(src), options, providers=["CPUExecutionProvider"])
 
 
-def quantize_int8(src: Path, dst: Path) -> None:
-    """Dynamic int8 quantisation of the weight MatMuls/Gemms (activations quantised per call).
+def constant_left_matmuls(path: Path) -> list[str]:
+    """The MatMul nodes whose left operand is a constant: the frozen SSM convolutions (T·u, and the
+    chunked form's intra/to_state/carry/read products, export/modules.py). They are not weights:
+    their constants are the long-range kernel, whose small far-off entries int8 would round to zero,
+    so they are named explicitly to stay fp32 (besides `MatMulConstBOnly`, which skips them too)."""
+    model = onnx.load(str(path), load_external_data=False)
+    constants = {init.name for init in model.graph.initializer}
+    constants |= {n.output[0] for n in model.graph.node if n.op_type == "Constant"}
+    return [n.name for n in model.graph.node if n.op_type == "MatMul" and n.input[0] in constants]
 
-    The SSM MatMuls have their constant on the left (T·u), so they are not weight MatMuls and stay
-    fp32, as do embeddings and LayerNorms."""
+
+# Quantized: the weight products only. Embedding lookups (Gather), LayerNorm, softmax, the SSM
+# convolutions (constant-left MatMuls) and every elementwise op stay fp32.
+QUANTIZED_OP_TYPES = ["MatMul", "Gemm"]
+
+
+def quantize_int8(src: Path, dst: Path, per_channel: bool = True) -> None:
+    """Dynamic int8: weights int8 (per output channel), activations quantised per call (MatMulInteger)."""
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
     quantize_dynamic(
         str(src),
         str(dst),
         weight_type=QuantType.QInt8,
-        op_types_to_quantize=["MatMul", "Gemm"],
+        per_channel=per_channel,
+        op_types_to_quantize=QUANTIZED_OP_TYPES,
+        nodes_to_exclude=constant_left_matmuls(src),
+        use_external_data_format=True,
+        extra_options={"MatMulConstBOnly": True},
+    )
+
+
+def quantize_int8_static(src: Path, dst: Path, calibration: list[dict[str, np.ndarray]]) -> None:
+    """Static int8 (QDQ): weights int8 per channel, activation ranges fixed from `calibration` runs
+    (MinMax). Measured against dynamic by bench/precision.py; not written by `bigs export`."""
+    from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static
+
+    class Feeds(CalibrationDataReader):
+        def __init__(self):
+            self.pending = iter(calibration)
+
+        def get_next(self):
+            return next(self.pending, None)
+
+    quantize_static(
+        str(src),
+        str(dst),
+        Feeds(),
+        quant_format=QuantFormat.QDQ,
+        per_channel=True,
+        activation_type=QuantType.QInt8,
+        weight_type=QuantType.QInt8,
+        op_types_to_quantize=QUANTIZED_OP_TYPES,
+        nodes_to_exclude=constant_left_matmuls(src),
         use_external_data_format=True,
         extra_options={"MatMulConstBOnly": True},
     )

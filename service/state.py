@@ -101,7 +101,8 @@ class ServiceState:
                 self._failed(name, path, error)
                 continue
             self.models[name] = engine
-            print(f"loaded {name} from {path}: {shapes} shapes warmed in {time.perf_counter() - started:.1f} s")
+            print(f"loaded {name} from {path}: {shapes} shapes warmed in {time.perf_counter() - started:.1f} s; "
+                  f"{engine.precision_choice.explain()}")  # fmt: skip
         if not self.models:
             raise LoadFailed("no model could be loaded: " + "; ".join(f"{n}: {r}" for n, r in self.failed.items()),
                              "no model could be loaded")  # fmt: skip

@@ -14,6 +14,7 @@ from model.modeling_bigs import mean_pool
 
 class TorchRuntime:
     kind = "torch"
+    precision = "fp32"
 
     def __init__(self, export_dir: str | Path, manifest: Manifest, intra_op_threads: int = 0):
         from transformers import AutoModelForMaskedLM, AutoModelForSequenceClassification
