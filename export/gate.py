@@ -14,9 +14,10 @@ reference within the parity tolerance), on the same inputs:
                                mean-pooled embeddings over the sequences (the mean is recorded too)
     max_abs_logit_diff         max |logits − fp32 logits| over the masked positions / sequences
 
-Inputs per bucket L (right-padded, so padding is exercised): each paragraph alone, truncated to
-L − 2 tokens, then the whole text, concatenated and repeated, at L − 2 and at L / 2 tokens; at most
-`MAX_SEQUENCES` sequences (the long ones first), run `GATE_BATCH` at a time.
+Inputs per bucket L: the text as one stream (paragraphs concatenated, repeated as needed), the k-th
+sequence starting at paragraph k, alternately L − 2 and L/2 − 2 tokens long (so half of them are
+right-padded, and padding is exercised); `GATE_TOKENS` padded positions per bucket (16 sequences up
+to 1,024 tokens, 4 at 4,096: the gate's time stays that of a few long passes), `GATE_BATCH` at a time.
 
 Thresholds (`GateThresholds`, recorded in the manifest beside what was measured): what a user would
 accept from a faster answer. The variant that `auto` serves must pass every one at every bucket.
@@ -36,6 +37,7 @@ from .manifest import GateMeasured, GateThresholds, Manifest
 GATE_TEXT = "gate_text.txt"
 MASK_EVERY = 7  # every 7th real token is masked: ~14%, near BERT's 15%
 MAX_SEQUENCES = 16
+GATE_TOKENS = 16 * 1024  # padded positions per bucket: 16 sequences up to 1,024, 4 at 4,096 (gate time)
 GATE_BATCH = 4
 MASK_TOKEN_ID, CLS_TOKEN_ID, SEP_TOKEN_ID, PAD_TOKEN_ID = 103, 101, 102, 0
 
@@ -56,13 +58,19 @@ def paragraphs() -> list[str]:
 
 
 def gate_sequences(tokenizer, bucket: int) -> list[list[int]]:
-    """Token ids ([CLS] … [SEP], unpadded) of the gate's sequences for `bucket`: the whole text
-    (repeated as needed) at bucket − 2 and bucket / 2 tokens, then each paragraph."""
+    """Token ids ([CLS] … [SEP], unpadded) of the gate's sequences for `bucket`: the text as one
+    stream (repeated as needed), the k-th sequence starting at paragraph k, alternately bucket − 2
+    and bucket / 2 − 2 tokens long; as many as GATE_TOKENS padded positions allow (2 to MAX_SEQUENCES)."""
     pieces = [tokenizer.encode(p, add_special_tokens=False).ids for p in paragraphs()]
-    stream = [t for piece in pieces for t in piece]
-    whole = (stream * (-(-bucket // len(stream)) + 1))[: bucket - 2]
-    bodies = [whole, whole[: max(1, bucket // 2 - 2)]] + [piece[: bucket - 2] for piece in pieces]
-    return [[CLS_TOKEN_ID, *body, SEP_TOKEN_ID] for body in bodies[:MAX_SEQUENCES]]
+    count = max(2, min(MAX_SEQUENCES, GATE_TOKENS // bucket))
+    sequences = []
+    for k in range(count):
+        start = k % len(pieces)
+        stream = [t for piece in pieces[start:] + pieces[:start] for t in piece]
+        length = bucket - 2 if k % 2 == 0 else max(1, bucket // 2 - 2)
+        body = (stream * (-(-length // len(stream))))[:length]
+        sequences.append([CLS_TOKEN_ID, *body, SEP_TOKEN_ID])
+    return sequences
 
 
 def gate_batches(tokenizer, bucket: int, fill_mask: bool) -> list[dict[str, np.ndarray]]:

@@ -124,8 +124,10 @@ def test_the_gate_text_is_real_english_long_enough_for_the_longest_bucket(tokeni
 
     assert len(paragraphs()) >= 10
     sequences = gate_sequences(tokenizer, 4096)
-    assert len(sequences[0]) == 4096 and len(sequences[1]) == 2048
-    unknown = sum(t == 100 for s in sequences[2:] for t in s) / sum(len(s) for s in sequences[2:])
+    assert [len(s) for s in sequences] == [4096, 2048, 4096, 2048]
+    assert len({tuple(s[1:50]) for s in sequences}) == 4  # each starts at another paragraph
+    assert len(gate_sequences(tokenizer, 128)) == 16
+    unknown = sum(t == 100 for s in sequences for t in s) / sum(len(s) for s in sequences)
     assert unknown < 0.01, unknown  # English the vocabulary knows, not noise
 
 
@@ -228,7 +230,7 @@ def _runtime(export_dir, precision):
 def _sequences(tokenizer, n: int, seed: int) -> list[list[int]]:
     from export.gate import gate_sequences
 
-    pool = gate_sequences(tokenizer, 128)[2:]
+    pool = gate_sequences(tokenizer, 128)
     rng = np.random.default_rng(seed)
     return [pool[i] for i in rng.choice(len(pool), n, replace=False)]
 
