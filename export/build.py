@@ -223,7 +223,8 @@ def summary(manifest: Manifest, out_dir: str | Path) -> str:
     for precision, variant in manifest.precisions.items():
         worst = {
             "agreement": min(
-                m.fill_mask_top1_agreement or m.classification_agreement or 1.0 for m in variant.gate.values()
+                m.classification_agreement if m.fill_mask_top1_agreement is None else m.fill_mask_top1_agreement
+                for m in variant.gate.values()
             ),
             "cosine": min(m.embedding_cosine_min for m in variant.gate.values()),
             "logit diff": max(m.max_abs_logit_diff for m in variant.gate.values()),

@@ -9,7 +9,9 @@ Per bucket (fixed L, dynamic batch):
   2. ORT offline graph optimisation (`ORT_ENABLE_EXTENDED`: constant folding, bias-GELU, skip-
      LayerNorm, MatMul fusions), saved. The service then loads with optimisation disabled
      (`SESSION_OPTIONS`), so no per-session transform can make private copies of the weights.
-  3. Optionally `quantize_dynamic` to int8 weights (MatMul/Gemm), then optimised again.
+  3. Optionally (precision int8) `quantize_dynamic`: MatMul/Gemm weights int8 per output channel,
+     the SSM convolutions kept fp32 by name; then optimised again. (bf16 needs no graph of its own:
+     OpenVINO runs these fp32 graphs at bf16, export/openvino_runtime.py.)
 
 Every initializer of at least `MIN_SHARED_BYTES` is moved into `onnx/weights.bin`, deduplicated
 by content across buckets and variants, renamed to one name per content ("shared/…") and aligned
