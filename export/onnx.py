@@ -279,9 +279,37 @@ def io_spec(model: onnx.ModelProto) -> dict:
     return {"inputs": describe(model.graph.input), "outputs": describe(model.graph.output)}
 
 
+# FusedGemm(activation=A) → Gemm, A: ORT's offline optimisation fuses the pooler's dense + tanh into
+# its contrib op FusedGemm, which OpenVINO's ONNX reader mistranslates (a classifier's logits came
+# out wrong by 1.5 at fp32). Split back, the graph is standard ONNX there, at the cost of one
+# elementwise op on (B, d).
+SPLIT_ACTIVATIONS = ("Tanh", "Relu", "Sigmoid")
+
+
+def split_fused_gemms(model: onnx.ModelProto) -> int:
+    """Replace every FusedGemm whose activation is a plain ONNX op by Gemm + that op; the count."""
+    nodes, split = [], 0
+    for node in model.graph.node:
+        attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
+        activation = attrs.get("activation", b"").decode() if node.op_type == "FusedGemm" else ""
+        if node.domain != "com.microsoft" or activation not in SPLIT_ACTIVATIONS:
+            nodes.append(node)
+            continue
+        gemm_attrs = {k: v for k, v in attrs.items() if not k.startswith("activation")}
+        linear = f"{node.output[0]}/linear"
+        nodes.append(onnx.helper.make_node("Gemm", list(node.input), [linear], name=f"{node.name}/gemm", **gemm_attrs))
+        nodes.append(onnx.helper.make_node(activation, [linear], list(node.output), name=f"{node.name}/{activation}"))
+        split += 1
+    if split:
+        del model.graph.node[:]
+        model.graph.node.extend(nodes)
+    return split
+
+
 def finish_graph(src: Path, dst: Path, weights: WeightsFileWriter) -> dict:
     """Load an exported/optimised graph, move its weights to the shared file, check and save it."""
     model = onnx.load(str(src), load_external_data=True)
+    split_fused_gemms(model)
     shared = weights.externalize(model)
     onnx.save(model, str(dst))
     onnx.checker.check_model(str(dst))  # by path: resolves the external data

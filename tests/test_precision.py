@@ -220,6 +220,37 @@ def test_export_records_each_variants_gate_per_bucket_with_thresholds_and_verdic
             assert variant.runtime == ("onnxruntime" if precision == "int8" else "openvino")
 
 
+@pytest.mark.slow
+def test_openvino_at_fp32_computes_what_onnx_runtime_computes_on_every_head(variant_exports):
+    """The bf16 variant runs the fp32 graphs on OpenVINO; at fp32 it must give ORT's outputs (a contrib op
+    OpenVINO mistranslated, ORT's FusedGemm, once put a classifier's logits 1.5 off)."""
+    from export.onnx_runtime import load_sessions
+    from export.openvino_runtime import load_compiled, openvino_available
+
+    if not openvino_available():
+        pytest.skip("OpenVINO is not installed")
+    for name, export_dir in variant_exports.items():
+        assert (
+            "FusedGemm"
+            not in json.loads((export_dir / "manifest.json").read_text())["onnx"]["buckets"]["128"]["op_types"]
+        )
+        sessions = load_sessions(export_dir, buckets=[128])
+        compiled = load_compiled(export_dir, "fp32", buckets=[128])
+        feeds = {
+            "input_ids": np.random.default_rng(0).integers(1000, 2000, size=(2, 128)),
+            "attention_mask": np.ones((2, 128), np.int64),
+            "token_type_ids": np.zeros((2, 128), np.int64),
+            "mask_positions": np.array([[3, 9], [5, 7]]),
+        }
+        names = [i.name for i in sessions[128].get_inputs()]
+        want = sessions[128].run(None, {k: feeds[k] for k in names})
+        got = compiled[128].run(feeds)
+        for output, expected in zip(compiled[128].output_names, want, strict=True):
+            np.testing.assert_allclose(
+                got[output], expected, atol=1e-4 * max(1.0, np.abs(expected).max()), err_msg=name
+            )
+
+
 def _runtime(export_dir, precision):
     from export.manifest import read_manifest
     from service.runtimes import load_runtime
