@@ -10,7 +10,8 @@ bigs bench torch-forward [--lengths 512 4096]                      torch eager l
 bigs bench load [--host URL --users N --duration 60s --scenario long|mixed|fill-mask --out DIR]
 bigs bench soak [--host URL --duration 600 --fraction 0.7 --out DIR]   steady load at a fraction of capacity, RSS sampled
 bigs bench memory --model NAME=EXPORT_DIR …                         resident memory: shared arena vs one per session
-bigs export ARTIFACT_DIR OUT_DIR [--buckets 128,256] [--formats onnx,stablehlo] [--quantize int8]
+bigs bench precision EXPORT_DIR [--buckets 128,512,4096 --quantize]     fp32, int8 and bf16 variants side by side
+bigs export ARTIFACT_DIR OUT_DIR [--buckets 128,256] [--formats onnx,stablehlo] [--precisions int8,bf16]
 bigs export --verify OUT_DIR                                       re-hash files, re-measure parity
 bigs hub-files DIR [DIR …]          (re)write what stock transformers / sentence-transformers / the Hub read
 bigs --version
@@ -35,6 +36,7 @@ BENCHMARKS = {
     "load": "bench.load",
     "soak": "bench.soak",
     "memory": "bench.memory",
+    "precision": "bench.precision",
 }
 
 
@@ -182,6 +184,7 @@ def cmd_export(args: argparse.Namespace) -> None:
         buckets=[int(b) for b in args.buckets.split(",")] if args.buckets else None,
         formats=tuple(f.strip() for f in args.formats.split(",") if f.strip()),
         quantize=args.quantize,
+        precisions=tuple(p.strip() for p in args.precisions.split(",") if p.strip()),
         embed_weights=args.embed_weights,
         tolerance=args.tolerance,
     )
@@ -425,6 +428,11 @@ def build_parser() -> argparse.ArgumentParser:
     export.add_argument("--buckets", default=None, help="comma-separated lengths (default 128..4096, capped)")
     export.add_argument("--formats", default="onnx,stablehlo", help="comma-separated: onnx, stablehlo")
     export.add_argument("--quantize", choices=["int8"], default=None, help="also write int8 ONNX graphs")
+    export.add_argument(
+        "--precisions",
+        default="",
+        help="comma-separated reduced-precision variants to write and gate on real text: int8 (ORT), bf16 (OpenVINO)",
+    )
     export.add_argument("--embed-weights", action="store_true", help="StableHLO: embed weights in each artifact")
     export.add_argument("--tolerance", type=float, default=1e-4, help="max abs diff to the torch reference")
     export.set_defaults(func=cmd_export)

@@ -4,6 +4,7 @@
     load.py, locustfile.py `bigs bench load`: locust, headless, against a running service
     export_latency.py      ORT per bucket beside torch eager; memory of shared weights (a script)
     service_throughput.py  batching on and off, 4,096-token documents (a script)
+    precision.py           `bigs bench precision`: fp32, int8 and bf16 variants of an export dir side by side
 
 What they measured is in bench/RESULTS.md (not installed).
 """

@@ -30,6 +30,7 @@ from .manifest import Int8Accuracy, Manifest, ModelInfo, Parity, TokenizerInfo, 
 from .verify import DEFAULT_TOLERANCE
 
 DEFAULT_BUCKETS = (128, 256, 512, 1024, 2048, 4096)
+PRECISIONS = ("int8", "bf16")
 FORMATS = ("onnx", "stablehlo")
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "special_tokens_map.json")
 BERT_VOCAB_SIZE = 30522
@@ -41,7 +42,10 @@ class ExportOptions:
 
     buckets: list[int] | None = None
     formats: tuple[str, ...] = FORMATS
-    quantize: str | None = None  # None or "int8" (ONNX only)
+    quantize: str | None = None  # None or "int8" (ONNX only): the same as precisions=("int8",)
+    # reduced-precision variants (ONNX only), each measured by its accuracy gate (export/gate.py):
+    # "int8" (int8 graphs, ORT), "bf16" (the fp32 graphs through OpenVINO at bf16)
+    precisions: tuple[str, ...] = ()
     embed_weights: bool = False  # StableHLO: weights inside each artifact instead of arguments
     tolerance: float = DEFAULT_TOLERANCE
     seed: int = 0  # of the parity inputs
@@ -52,6 +56,13 @@ class ExportOptions:
             raise ValueError(f"unknown format(s) {bad}; choose from {FORMATS}")
         if self.quantize not in (None, "int8"):
             raise ValueError(f"--quantize supports int8 only, got {self.quantize!r}")
+        bad = [p for p in self.precisions if p not in PRECISIONS]
+        if bad:
+            raise ValueError(f"unknown precision(s) {bad}; choose from {PRECISIONS}")
+        if self.quantize and self.quantize not in self.precisions:
+            self.precisions = (*self.precisions, self.quantize)
+        if self.precisions and "onnx" not in self.formats:
+            raise ValueError("reduced precisions are variants of the ONNX graphs: add onnx to the formats")
 
 
 def resolve_buckets(requested: list[int] | None, max_length: int) -> list[int]:
@@ -140,7 +151,8 @@ def export_artifact(artifact_dir: str | Path, out_dir: str | Path, options: Expo
     if "onnx" in options.formats:
         from .onnx import export_onnx
 
-        manifest.onnx = export_onnx(model, buckets, out_dir / "onnx", quantize=options.quantize)
+        quantize = "int8" if "int8" in options.precisions else None
+        manifest.onnx = export_onnx(model, buckets, out_dir / "onnx", quantize=quantize)
     if "stablehlo" in options.formats:
         from model.convert import load_torch_safetensors
 
@@ -154,6 +166,10 @@ def export_artifact(artifact_dir: str | Path, out_dir: str | Path, options: Expo
     record_parity(
         manifest, parity.measure_export(out_dir, manifest, parity.references(model, manifest), options.tolerance)
     )
+    if options.precisions:
+        from .gate import measure_variants
+
+        measure_variants(out_dir, manifest, options.precisions)
     record_hashes(manifest, out_dir)
     manifest.write(out_dir)
     return manifest
@@ -204,6 +220,20 @@ def summary(manifest: Manifest, out_dir: str | Path) -> str:
                 acc = e.int8.accuracy
                 line += f"; int8 max abs logits diff {acc.max_abs_logits_diff:.3g}, top-1 agreement {acc.top1_agreement:.3f}"
             lines.append(line)
+    for precision, variant in manifest.precisions.items():
+        worst = {
+            "agreement": min(
+                m.classification_agreement if m.fill_mask_top1_agreement is None else m.fill_mask_top1_agreement
+                for m in variant.gate.values()
+            ),
+            "cosine": min(m.embedding_cosine_min for m in variant.gate.values()),
+            "logit diff": max(m.max_abs_logit_diff for m in variant.gate.values()),
+        }
+        verdict = "passed" if variant.passed else "FAILED: " + "; ".join(variant.failures())
+        lines.append(
+            f"  {precision} ({variant.runtime}) gate on real text: worst top-1 agreement {worst['agreement']:.3f}, "
+            f"embedding cosine {worst['cosine']:.4f}, max logit diff {worst['logit diff']:.3g}: {verdict}"
+        )
     if manifest.stablehlo is not None:
         s = manifest.stablehlo
         lines.append(f"  stablehlo: platforms {s.platforms}, weights {s.weights}")

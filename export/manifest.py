@@ -13,6 +13,8 @@ the object down. What it records:
     parity          how exported = reference was measured (export/parity.py) and whether it held
     onnx            per bucket: file, SSM formulation, inputs/outputs, measured differences, sha256
                     (and its int8 twin); the shared weights file and each tensor's place in it
+    precisions      per reduced precision (int8, bf16): runtime, graphs, and its accuracy gate on real
+                    text per bucket, against fp32 (export/gate.py); `gate`: the text and thresholds
     stablehlo       per head and bucket: file, platforms, shapes, measured differences, sha256;
                     the parameter layout when weights are arguments
     versions        of the tools that wrote it
@@ -107,6 +109,68 @@ class OnnxGraph(Measured):
         return [spec.name for spec in self.inputs]
 
 
+class GateThresholds(_Section):
+    """What a reduced-precision variant must reach against fp32 on the gate's real text (export/gate.py)."""
+
+    fill_mask_top1_agreement_min: float = 0.90
+    classification_agreement_min: float = 0.95
+    embedding_cosine_min: float = 0.99  # the smallest cosine over the gate's sequences, not the mean
+    max_abs_logit_diff_max: float = 2.0
+
+    def failures(self, m: GateMeasured) -> list[str]:
+        checks = [
+            ("fill-mask top-1 agreement", m.fill_mask_top1_agreement, self.fill_mask_top1_agreement_min, True),
+            ("classification agreement", m.classification_agreement, self.classification_agreement_min, True),
+            ("embedding cosine (min)", m.embedding_cosine_min, self.embedding_cosine_min, True),
+            ("max abs logit diff", m.max_abs_logit_diff, self.max_abs_logit_diff_max, False),
+        ]
+        out = []
+        for name, value, bound, at_least in checks:
+            if value is not None and (value < bound if at_least else value > bound):
+                out.append(f"{name} {value:.4g} {'<' if at_least else '>'} {bound:g}")
+        return out
+
+
+class GateMeasured(_Section):
+    """One variant against fp32 at one bucket, on the gate's real text."""
+
+    sequences: int
+    compared: int  # masked positions (fill-mask) or sequences (classification) compared
+    fill_mask_top1_agreement: float | None = None
+    classification_agreement: float | None = None
+    embedding_cosine_min: float
+    embedding_cosine_mean: float
+    max_abs_logit_diff: float
+    failures: list[str] = Field(default_factory=list)
+
+    @property
+    def passed(self) -> bool:
+        return not self.failures
+
+
+class AccuracyGate(_Section):
+    """How reduced-precision variants were measured (export/gate.py): text, reference, thresholds."""
+
+    text: str
+    text_sha256: str
+    against: str
+    thresholds: GateThresholds = Field(default_factory=GateThresholds)
+
+
+class PrecisionVariant(_Section):
+    """One reduced-precision way of serving the ONNX graphs, and its gate per bucket."""
+
+    runtime: Literal["onnxruntime", "openvino"]
+    graphs: Literal["fp32", "int8"]  # which files of each OnnxGraph it runs (`OnnxSection.graph`)
+    how: str
+    measured_on: str  # the CPU the gate ran on: bf16 is only bf16 where the CPU has it
+    gate: dict[int, GateMeasured] = Field(default_factory=dict)
+    passed: bool | None = None  # every bucket within the thresholds; None until measured
+
+    def failures(self) -> list[str]:
+        return [f"bucket {b}: {f}" for b, m in sorted(self.gate.items()) for f in m.failures]
+
+
 class WeightTensor(_Section):
     """One tensor of onnx/weights.bin: where it starts and how it is laid out."""
 
@@ -194,6 +258,9 @@ class Manifest(_Section):
     parity: Parity
     onnx: OnnxSection | None = None
     stablehlo: StableHLOSection | None = None
+    # reduced precision: "int8" | "bf16" → how it runs and its accuracy gate; empty: fp32 only
+    precisions: dict[str, PrecisionVariant] = Field(default_factory=dict)
+    gate: AccuracyGate | None = None
     versions: dict[str, str] = Field(default_factory=dict)
     files: dict[str, FileEntry] = Field(default_factory=dict)
 

@@ -9,7 +9,9 @@ Per bucket (fixed L, dynamic batch):
   2. ORT offline graph optimisation (`ORT_ENABLE_EXTENDED`: constant folding, bias-GELU, skip-
      LayerNorm, MatMul fusions), saved. The service then loads with optimisation disabled
      (`SESSION_OPTIONS`), so no per-session transform can make private copies of the weights.
-  3. Optionally `quantize_dynamic` to int8 weights (MatMul/Gemm), then optimised again.
+  3. Optionally (precision int8) `quantize_dynamic`: MatMul/Gemm weights int8 per output channel,
+     the SSM convolutions kept fp32 by name; then optimised again. (bf16 needs no graph of its own:
+     OpenVINO runs these fp32 graphs at bf16, export/openvino_runtime.py.)
 
 Every initializer of at least `MIN_SHARED_BYTES` is moved into `onnx/weights.bin`, deduplicated
 by content across buckets and variants, renamed to one name per content ("shared/…") and aligned
@@ -123,18 +125,60 @@ def ort_optimize(src: Path, dst: Path) -> None:
     ort.InferenceSession(str(src), options, providers=["CPUExecutionProvider"])
 
 
-def quantize_int8(src: Path, dst: Path) -> None:
-    """Dynamic int8 quantisation of the weight MatMuls/Gemms (activations quantised per call).
+def constant_left_matmuls(path: Path) -> list[str]:
+    """The MatMul nodes whose left operand is a constant: the frozen SSM convolutions (T·u, and the
+    chunked form's intra/to_state/carry/read products, export/modules.py). They are not weights:
+    their constants are the long-range kernel, whose small far-off entries int8 would round to zero,
+    so they are named explicitly to stay fp32 (besides `MatMulConstBOnly`, which skips them too)."""
+    model = onnx.load(str(path), load_external_data=False)
+    constants = {init.name for init in model.graph.initializer}
+    constants |= {n.output[0] for n in model.graph.node if n.op_type == "Constant"}
+    return [n.name for n in model.graph.node if n.op_type == "MatMul" and n.input[0] in constants]
 
-    The SSM MatMuls have their constant on the left (T·u), so they are not weight MatMuls and stay
-    fp32, as do embeddings and LayerNorms."""
+
+# Quantized: the weight products only. Embedding lookups (Gather), LayerNorm, softmax, the SSM
+# convolutions (constant-left MatMuls) and every elementwise op stay fp32.
+QUANTIZED_OP_TYPES = ["MatMul", "Gemm"]
+
+
+def quantize_int8(src: Path, dst: Path, per_channel: bool = True) -> None:
+    """Dynamic int8: weights int8 (per output channel), activations quantised per call (MatMulInteger)."""
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
     quantize_dynamic(
         str(src),
         str(dst),
         weight_type=QuantType.QInt8,
-        op_types_to_quantize=["MatMul", "Gemm"],
+        per_channel=per_channel,
+        op_types_to_quantize=QUANTIZED_OP_TYPES,
+        nodes_to_exclude=constant_left_matmuls(src),
+        use_external_data_format=True,
+        extra_options={"MatMulConstBOnly": True},
+    )
+
+
+def quantize_int8_static(src: Path, dst: Path, calibration: list[dict[str, np.ndarray]]) -> None:
+    """Static int8 (QDQ): weights int8 per channel, activation ranges fixed from `calibration` runs
+    (MinMax). Measured against dynamic by bench/precision.py; not written by `bigs export`."""
+    from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static
+
+    class Feeds(CalibrationDataReader):
+        def __init__(self):
+            self.pending = iter(calibration)
+
+        def get_next(self):
+            return next(self.pending, None)
+
+    quantize_static(
+        str(src),
+        str(dst),
+        Feeds(),
+        quant_format=QuantFormat.QDQ,
+        per_channel=True,
+        activation_type=QuantType.QInt8,
+        weight_type=QuantType.QInt8,
+        op_types_to_quantize=QUANTIZED_OP_TYPES,
+        nodes_to_exclude=constant_left_matmuls(src),
         use_external_data_format=True,
         extra_options={"MatMulConstBOnly": True},
     )
@@ -242,9 +286,37 @@ def io_spec(model: onnx.ModelProto) -> dict:
     return {"inputs": describe(model.graph.input), "outputs": describe(model.graph.output)}
 
 
+# FusedGemm(activation=A) → Gemm, A: ORT's offline optimisation fuses the pooler's dense + tanh into
+# its contrib op FusedGemm, which OpenVINO's ONNX reader mistranslates (a classifier's logits came
+# out wrong by 1.5 at fp32). Split back, the graph is standard ONNX there, at the cost of one
+# elementwise op on (B, d).
+SPLIT_ACTIVATIONS = ("Tanh", "Relu", "Sigmoid")
+
+
+def split_fused_gemms(model: onnx.ModelProto) -> int:
+    """Replace every FusedGemm whose activation is a plain ONNX op by Gemm + that op; the count."""
+    nodes, split = [], 0
+    for node in model.graph.node:
+        attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
+        activation = attrs.get("activation", b"").decode() if node.op_type == "FusedGemm" else ""
+        if node.domain != "com.microsoft" or activation not in SPLIT_ACTIVATIONS:
+            nodes.append(node)
+            continue
+        gemm_attrs = {k: v for k, v in attrs.items() if not k.startswith("activation")}
+        linear = f"{node.output[0]}/linear"
+        nodes.append(onnx.helper.make_node("Gemm", list(node.input), [linear], name=f"{node.name}/gemm", **gemm_attrs))
+        nodes.append(onnx.helper.make_node(activation, [linear], list(node.output), name=f"{node.name}/{activation}"))
+        split += 1
+    if split:
+        del model.graph.node[:]
+        model.graph.node.extend(nodes)
+    return split
+
+
 def finish_graph(src: Path, dst: Path, weights: WeightsFileWriter) -> dict:
     """Load an exported/optimised graph, move its weights to the shared file, check and save it."""
     model = onnx.load(str(src), load_external_data=True)
+    split_fused_gemms(model)
     shared = weights.externalize(model)
     onnx.save(model, str(dst))
     onnx.checker.check_model(str(dst))  # by path: resolves the external data

@@ -2,8 +2,10 @@
 # Set up and serve the embedded default models on a fresh machine:
 #   bash scripts/serve_default.sh            (then: curl localhost:8000/ready)
 # Creates .venv, installs the project (serving + export), exports every artifact dir under models/
-# to build/models/<name>/ once (ONNX + StableHLO per length bucket, checked against torch), and
-# runs `bigs serve` on them. Environment variables BIGS_* (see service/settings.py) still apply.
+# to build/models/<name>/ once (ONNX + StableHLO per length bucket, checked against torch, with the
+# int8 and bf16 variants and their accuracy gates), and runs `bigs serve` on them: precision auto
+# serves the fastest variant this CPU runs fast. Environment variables BIGS_* (service/settings.py)
+# still apply.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -19,10 +21,12 @@ for artifact in models/*/; do
   [ -f "$artifact/config.json" ] || continue
   name=$(basename "$artifact")
   out="build/models/$name"
-  # export once; again when the dir was written by another version of the export format
-  if ! python -c "import sys; from export.manifest import read_manifest; read_manifest(sys.argv[1])" "$out" 2>/dev/null; then
+  # export once; again when the dir was written by another version of the export format, or
+  # before the precision variants
+  if ! python -c "import sys; from export.manifest import read_manifest
+sys.exit('int8' not in read_manifest(sys.argv[1]).precisions)" "$out" 2>/dev/null; then
     echo "exporting $artifact -> $out"
-    bigs export "$artifact" "$out"
+    bigs export "$artifact" "$out" --precisions int8,bf16
   fi
   models+=(--model "$name=$out")
 done

@@ -40,6 +40,7 @@ from export.manifest import Manifest
 from .admission import Admission
 from .batcher import DeadlineExceeded, Job, ModelBatcher, RuntimeFailure
 from .buckets import bucket_for
+from .cpu_features import precision_for_model
 from .errors import ServiceError
 from .metrics import ServiceMetrics
 from .postprocess import (
@@ -119,6 +120,7 @@ class ModelEngine:
         self.id2label = manifest.labels
         self.problem_type = _config_field(self.export_dir, "problem_type")
         self.tokenizer = RequestTokenizer(self.export_dir / "tokenizer.json", self.max_length)
+        self.precision_choice = precision_for_model(settings.precision, settings.runtime, manifest)
         self.runtime: Runtime = load_runtime(
             settings.runtime,
             self.export_dir,
@@ -126,6 +128,7 @@ class ModelEngine:
             settings.intra_op_threads,
             settings.ort_spin_wait,
             settings.ort_shared_arena,
+            self.precision_choice.precision,
         )
         self.batcher = ModelBatcher(name, self.runtime, settings, metrics)
         self.loaded_at = int(time.time())
@@ -140,6 +143,7 @@ class ModelEngine:
             max_length=self.max_length,
             buckets=self.buckets,
             runtime=self.runtime.kind,
+            precision=self.runtime.precision,
         )
 
     # -- lifecycle --------------------------------------------------------------------------

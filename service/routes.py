@@ -418,6 +418,9 @@ async def tei_decode(body: TEIDecodeRequest, request: Request):
     return await service(request).default_engine().decode(sequences, body.skip_special_tokens)
 
 
+MODEL_DTYPE = {"fp32": "float32", "int8": "int8", "bf16": "bfloat16"}  # TEI's words for the precision served
+
+
 @tei.get("/info", summary="The default model and the service's limits (TEI)", response_model=TEIInfo,
          response_model_exclude_none=True)  # fmt: skip
 async def tei_info(request: Request):
@@ -432,7 +435,7 @@ async def tei_info(request: Request):
         model_type = {"embedding": {"pooling": "mean"}}
     return {
         "model_id": engine.name,
-        "model_dtype": "float32",
+        "model_dtype": MODEL_DTYPE[engine.runtime.precision],
         "model_type": model_type,
         "max_concurrent_requests": settings.max_in_flight,
         "max_input_length": engine.max_length,

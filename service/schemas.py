@@ -249,6 +249,7 @@ class ModelCard(BaseModel):
     max_length: int | None = None
     buckets: list[int] | None = None
     runtime: str | None = None
+    precision: str | None = Field(None, description="the precision served: fp32, int8 or bf16")
     error: str | None = Field(None, description="why it failed to load (skip_failed_models)")
 
 

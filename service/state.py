@@ -104,7 +104,10 @@ class ServiceState:
                 self._failed(name, path, error)
                 continue
             self.models[name] = engine
-            log.info("loaded %s from %s: %d shapes warmed in %.1f s", name, path, shapes, time.perf_counter() - started)
+            log.info(
+                "loaded %s from %s: %d shapes warmed in %.1f s; %s",
+                name, path, shapes, time.perf_counter() - started, engine.precision_choice.explain(),
+            )  # fmt: skip
         if not self.models:
             raise LoadFailed("no model could be loaded: " + "; ".join(f"{n}: {r}" for n, r in self.failed.items()),
                              "no model could be loaded")  # fmt: skip

@@ -181,6 +181,7 @@ def test_the_wheel_carries_the_benchmarks_and_their_assets(wheel):
     for module in ("bench/__init__.py", "bench/load.py", "bench/locustfile.py", "bench/torch_forward.py"):
         assert module in names, module
     assert "model/assets/bert-base-uncased-vocab.txt" in names
+    assert "export/assets/gate_text.txt" in names  # the accuracy gate's real text (export/gate.py)
     assert "bigs_cli.py" in names
 
 

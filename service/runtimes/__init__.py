@@ -1,7 +1,10 @@
 """Runtimes: what runs one padded batch of one (head, bucket). One protocol, three engines.
 
 - onnx      ONNX Runtime over the export dir's per-bucket graphs (default; CPU, or CUDA when the
-            CUDA provider is installed), weights mapped once and shared by every bucket.
+            CUDA provider is installed), weights mapped once and shared by every bucket; fp32, or
+            the int8 graphs at precision int8.
+- openvino  OpenVINO over the same fp32 graphs at bf16: what the onnx runtime becomes at precision
+            bf16 (`load_runtime` picks it; service/cpu_features.py decides the precision).
 - stablehlo the export dir's `jax.export` artifacts, called with no model code.
 - torch     the torch model of the artifact itself, eager: the reference the others are measured
             against (needs the `torch` extra).
@@ -23,6 +26,7 @@ from export.manifest import Manifest
 
 class Runtime(Protocol):
     kind: str
+    precision: str  # "fp32" | "int8" | "bf16"
     heads: list[str]
     buckets: list[int]
 
@@ -39,11 +43,20 @@ def load_runtime(
     intra_op_threads: int = 0,
     ort_spin_wait: bool = False,
     ort_shared_arena: bool = True,
+    precision: str = "fp32",
 ) -> Runtime:
+    """The runtime `kind` at `precision` (already chosen: service/cpu_features.py); reduced
+    precision is a variant of the ONNX graphs, so only `onnx` takes it."""
+    if kind != "onnx" and precision != "fp32":
+        raise ValueError(f"precision {precision} needs runtime onnx (runtime {kind} serves fp32)")
+    if kind == "onnx" and precision == "bf16":
+        from .openvino import OpenVinoRuntime
+
+        return OpenVinoRuntime(export_dir, manifest, precision, intra_op_threads)
     if kind == "onnx":
         from .onnx import OnnxRuntime
 
-        return OnnxRuntime(export_dir, manifest, intra_op_threads, ort_spin_wait, ort_shared_arena)
+        return OnnxRuntime(export_dir, manifest, intra_op_threads, ort_spin_wait, ort_shared_arena, precision)
     if kind == "stablehlo":
         from .stablehlo import StableHLORuntime
 

@@ -1,4 +1,4 @@
-"""ONNX Runtime: one session per bucket, all over one copy of the weights, read into memory."""
+"""ONNX Runtime: one session per bucket (fp32 or int8 graphs), all over one copy of the weights, read into memory."""
 
 from __future__ import annotations
 
@@ -28,10 +28,13 @@ class OnnxRuntime:
         intra_op_threads: int = 0,
         spin_wait: bool = False,
         shared_arena: bool = True,
+        precision: str = "fp32",  # or "int8": the dir's int8 graphs (the same shared weights file)
     ):
         self.heads = list(manifest.heads)
+        self.precision = precision
         self.sessions = load_sessions(  # one graph per bucket serves every head: outputs chosen per call
             export_dir,
+            variant=precision,
             intra_op_threads=intra_op_threads or None,
             providers=available_providers(),
             spin_wait=spin_wait,

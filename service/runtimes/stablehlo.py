@@ -20,6 +20,7 @@ MASK_WIDTH_STEP = 8
 
 class StableHLORuntime:
     kind = "stablehlo"
+    precision = "fp32"
 
     def __init__(self, export_dir: str | Path, manifest: Manifest):
         self.heads = list(manifest.heads)

@@ -21,6 +21,7 @@ AUTO_CLASS_OF_HEAD = {
 
 class TorchRuntime:
     kind = "torch"
+    precision = "fp32"
 
     def __init__(self, export_dir: str | Path, manifest: Manifest, intra_op_threads: int = 0):
         import transformers

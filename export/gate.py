@@ -1,0 +1,229 @@
+"""The accuracy gate of reduced precision: each variant against fp32 on real English, per bucket.
+
+Random token ids (export/parity.py) say whether a graph computes the model; they say little about
+what a user sees from int8 or bf16, whose errors depend on the activations real text produces. So
+each reduced-precision variant is run on real text (`export/assets/gate_text.txt`, public domain)
+and compared with the fp32 graphs on ORT (what `precision=fp32` serves; equal to the torch
+reference within the parity tolerance), on the same inputs:
+
+    fill_mask_top1_agreement   fill-mask models: every 7th real token (past [CLS]) is replaced by
+                               [MASK]; the share of those positions where the variant's top-1 token
+                               is fp32's
+    classification_agreement   classifiers: the share of sequences whose top label is fp32's
+    embedding_cosine_min       the smallest cosine similarity between the variant's and fp32's
+                               mean-pooled embeddings over the sequences (the mean is recorded too)
+    max_abs_logit_diff         max |logits − fp32 logits| over the masked positions / sequences
+
+Inputs per bucket L: the text as one stream (paragraphs concatenated, repeated as needed), the k-th
+sequence starting at paragraph k, alternately L − 2 and L/2 − 2 tokens long (so half of them are
+right-padded, and padding is exercised); `GATE_TOKENS` padded positions per bucket (32 sequences up
+to 512 tokens, 16 at 1,024, 4 at 4,096: the gate's time stays that of a few long passes),
+`GATE_BATCH` at a time.
+
+Thresholds (`GateThresholds`, recorded in the manifest beside what was measured): what a user would
+accept from a faster answer. The variant that `auto` serves must pass every one at every bucket.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable
+from importlib import resources
+
+import numpy as np
+
+from .heads import MASK_POSITIONS
+from .manifest import GateMeasured, GateThresholds, Manifest
+
+GATE_TEXT = "gate_text.txt"
+MASK_EVERY = 7  # every 7th real token is masked: ~14%, near BERT's 15%
+# 32 sequences where they are cheap: with 16, a classifier's 0.95 agreement would allow no flip at all
+MAX_SEQUENCES = 32
+GATE_TOKENS = 16 * 1024  # padded positions per bucket: 32 sequences up to 512, 16 at 1,024, 4 at 4,096
+GATE_BATCH = 4
+MASK_TOKEN_ID, CLS_TOKEN_ID, SEP_TOKEN_ID, PAD_TOKEN_ID = 103, 101, 102, 0
+
+Outputs = dict[str, np.ndarray]
+RunBatch = Callable[[int, dict[str, np.ndarray]], Outputs]  # (bucket, feeds) → {"logits", "embeddings"}
+
+
+def gate_text() -> str:
+    return resources.files("export").joinpath("assets", GATE_TEXT).read_text(encoding="utf-8")
+
+
+def gate_text_sha256() -> str:
+    return hashlib.sha256(gate_text().encode()).hexdigest()
+
+
+def paragraphs() -> list[str]:
+    return [p.strip() for p in gate_text().split("\n\n") if p.strip()]
+
+
+def gate_sequences(tokenizer, bucket: int) -> list[list[int]]:
+    """Token ids ([CLS] … [SEP], unpadded) of the gate's sequences for `bucket`: the text as one
+    stream (repeated as needed), the k-th sequence starting at paragraph k, alternately bucket − 2
+    and bucket / 2 − 2 tokens long; as many as GATE_TOKENS padded positions allow (2 to MAX_SEQUENCES)."""
+    pieces = [tokenizer.encode(p, add_special_tokens=False).ids for p in paragraphs()]
+    count = max(2, min(MAX_SEQUENCES, GATE_TOKENS // bucket))
+    sequences = []
+    for k in range(count):
+        start = k % len(pieces)
+        stream = [t for piece in pieces[start:] + pieces[:start] for t in piece]
+        length = bucket - 2 if k % 2 == 0 else max(1, bucket // 2 - 2)
+        body = (stream * (-(-length // len(stream))))[:length]
+        sequences.append([CLS_TOKEN_ID, *body, SEP_TOKEN_ID])
+    return sequences
+
+
+def gate_batches(tokenizer, bucket: int, fill_mask: bool) -> list[dict[str, np.ndarray]]:
+    """Feeds of GATE_BATCH sequences each, right-padded to `bucket`; for fill-mask every
+    MASK_EVERY-th real token is [MASK] and `mask_positions` names them (padded by repeating the
+    last, whose duplicate answers are dropped by `masked_rows`)."""
+    sequences = gate_sequences(tokenizer, bucket)
+    batches = []
+    for start in range(0, len(sequences), GATE_BATCH):
+        group = sequences[start : start + GATE_BATCH]
+        ids = np.full((len(group), bucket), PAD_TOKEN_ID, np.int64)
+        mask = np.zeros((len(group), bucket), np.int64)
+        positions = []
+        for row, seq in enumerate(group):
+            ids[row, : len(seq)] = seq
+            mask[row, : len(seq)] = 1
+            at = list(range(1, len(seq) - 1, MASK_EVERY)) if fill_mask else []
+            ids[row, at] = MASK_TOKEN_ID
+            positions.append(at)
+        feeds = {"input_ids": ids, "attention_mask": mask, "token_type_ids": np.zeros_like(ids)}
+        if fill_mask:
+            width = max(len(p) for p in positions)
+            feeds[MASK_POSITIONS] = np.array([p + [p[-1]] * (width - len(p)) for p in positions], np.int64)
+            feeds["_counts"] = np.array([len(p) for p in positions])
+        batches.append(feeds)
+    return batches
+
+
+def masked_rows(logits: np.ndarray, counts: np.ndarray) -> np.ndarray:
+    """(B, P, V) logits at padded mask positions → (Σ counts, V): the real positions only."""
+    return np.concatenate([logits[b, : counts[b]] for b in range(len(counts))])
+
+
+def cosine(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    norms = np.linalg.norm(a, axis=-1) * np.linalg.norm(b, axis=-1)
+    return np.sum(a * b, axis=-1) / np.maximum(norms, 1e-30)
+
+
+def measure_gate(
+    tokenizer, bucket: int, fill_mask: bool, reference: RunBatch, variant: RunBatch, thresholds: GateThresholds
+) -> GateMeasured:
+    """One variant against fp32 at one bucket, with pass/fail against `thresholds`."""
+    agree, total, sims, max_diff = 0, 0, [], 0.0
+    for feeds in gate_batches(tokenizer, bucket, fill_mask):
+        counts = feeds.pop("_counts", None)
+        ref, got = reference(bucket, feeds), variant(bucket, feeds)
+        ref_logits, got_logits = ref["logits"], got["logits"]
+        if fill_mask:
+            ref_logits, got_logits = masked_rows(ref_logits, counts), masked_rows(got_logits, counts)
+        agree += int(np.sum(np.argmax(ref_logits, -1) == np.argmax(got_logits, -1)))
+        total += len(ref_logits)
+        max_diff = max(max_diff, float(np.max(np.abs(ref_logits - got_logits))))
+        sims.extend(cosine(ref["embeddings"].astype(np.float64), got["embeddings"].astype(np.float64)).tolist())
+    agreement = agree / total
+    measured = GateMeasured(
+        sequences=len(sims),
+        compared=total,
+        fill_mask_top1_agreement=agreement if fill_mask else None,
+        classification_agreement=None if fill_mask else agreement,
+        embedding_cosine_min=min(sims),
+        embedding_cosine_mean=float(np.mean(sims)),
+        max_abs_logit_diff=max_diff,
+    )
+    return measured.model_copy(update={"failures": thresholds.failures(measured)})
+
+
+def fill_mask_model(manifest: Manifest) -> bool:
+    return "fill-mask" in manifest.heads
+
+
+# --------------------------------------------------------------------------------------------
+# Measuring an export dir's variants (what `bigs export --precisions …` runs)
+# --------------------------------------------------------------------------------------------
+
+VARIANT_HOW = {
+    "int8": "ONNX Runtime, the int8 graphs: MatMul/Gemm weights int8 per output channel, activations quantized "
+    "per call (dynamic); SSM convolutions, embeddings, LayerNorm and softmax fp32 (export/onnx.py)",
+    "bf16": "OpenVINO CPU, the fp32 graphs at INFERENCE_PRECISION_HINT=bf16 (AMX or AVX512_BF16 products, "
+    "fp32 accumulation; export/openvino_runtime.py)",
+}
+
+
+def cpu_description() -> str:
+    from service.cpu_features import FLAG_NAMES, cpu_flags, cpu_model_name
+
+    flags = [FLAG_NAMES[f] for f in FLAG_NAMES if f in cpu_flags()]
+    return f"{cpu_model_name() or 'unknown CPU'} ({', '.join(flags) or 'no VNNI, BF16 or AMX'})"
+
+
+def ort_runner(sessions) -> RunBatch:
+    def run(bucket: int, feeds: dict[str, np.ndarray]) -> Outputs:
+        session = sessions[bucket]
+        names = [o.name for o in session.get_outputs()]
+        wanted = {i.name for i in session.get_inputs()}
+        return dict(zip(names, session.run(None, {k: v for k, v in feeds.items() if k in wanted}), strict=True))
+
+    return run
+
+
+def measure_variants(export_dir, manifest: Manifest, precisions, thresholds: GateThresholds | None = None) -> None:
+    """Measure each of `precisions` against the fp32 graphs on the gate's text and record it in
+    `manifest.precisions` (and the gate's text and thresholds in `manifest.gate`). A bf16 variant is
+    recorded only where OpenVINO really runs bf16 on this CPU (else it would measure fp32)."""
+    from pathlib import Path
+
+    from tokenizers import Tokenizer
+
+    from .manifest import AccuracyGate, PrecisionVariant
+    from .onnx_runtime import load_sessions
+
+    export_dir = Path(export_dir)
+    if not (export_dir / "tokenizer.json").is_file():
+        raise ValueError("the accuracy gate runs real text: the export dir needs tokenizer.json")
+    tokenizer = Tokenizer.from_file(str(export_dir / "tokenizer.json"))
+    tokenizer.no_truncation()
+    tokenizer.no_padding()
+    thresholds = thresholds or GateThresholds()
+    manifest.gate = AccuracyGate(
+        text=f"export/assets/{GATE_TEXT}",
+        text_sha256=gate_text_sha256(),
+        against="the fp32 ONNX graphs on ONNX Runtime, same inputs",
+        thresholds=thresholds,
+    )
+    reference = ort_runner(load_sessions(export_dir, manifest=manifest))
+    fill_mask = fill_mask_model(manifest)
+    for precision in precisions:
+        if precision == "int8":
+            runtime, graphs = "onnxruntime", "int8"
+            variant = ort_runner(load_sessions(export_dir, variant="int8", manifest=manifest))
+        elif precision == "bf16":
+            from .openvino_runtime import effective_precision, load_compiled
+
+            runtime, graphs = "openvino", "fp32"
+            compiled = load_compiled(export_dir, "bf16", manifest=manifest)
+            effective = effective_precision(next(iter(compiled.values())))
+            if effective != "bf16":
+                print(f"bf16 not recorded: OpenVINO runs {effective} on this CPU ({cpu_description()}), "
+                      "so its accuracy cannot be measured here")  # fmt: skip
+                continue
+            variant = lambda bucket, feeds, compiled=compiled: compiled[bucket].run(feeds)  # noqa: E731
+        else:
+            raise ValueError(f"unknown precision {precision!r}")
+        gate = {
+            bucket: measure_gate(tokenizer, bucket, fill_mask, reference, variant, thresholds)
+            for bucket in manifest.buckets
+        }
+        manifest.precisions[precision] = PrecisionVariant(
+            runtime=runtime,
+            graphs=graphs,
+            how=VARIANT_HOW[precision],
+            measured_on=cpu_description(),
+            gate=gate,
+            passed=all(m.passed for m in gate.values()),
+        )

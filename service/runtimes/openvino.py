@@ -1,0 +1,35 @@
+"""OpenVINO: the export dir's fp32 ONNX graphs at bf16 (precision bf16), one compiled model per bucket.
+
+Same graphs as the onnx runtime, so the same heads and signatures: one graph per bucket computes
+its head's logits and the embeddings, and the output the head asks for is returned. Weights: the
+file is mapped by OpenVINO once per graph read, and each compiled bucket holds its weights in
+bf16 (export/openvino_runtime.py).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from export.heads import MASK_POSITIONS, signature
+from export.manifest import Manifest
+from export.openvino_runtime import load_compiled
+
+
+class OpenVinoRuntime:
+    kind = "openvino"
+
+    def __init__(self, export_dir: str | Path, manifest: Manifest, precision: str = "bf16", intra_op_threads: int = 0):
+        self.heads = list(manifest.heads)
+        self.precision = precision
+        self.compiled = load_compiled(export_dir, precision, threads=intra_op_threads or None, manifest=manifest)
+        self.buckets = sorted(self.compiled)
+        self.input_names = set(self.compiled[self.buckets[0]].input_names)
+
+    def run(self, head: str, bucket: int, inputs: dict[str, np.ndarray]) -> np.ndarray:
+        feeds = {name: value for name, value in inputs.items() if name in self.input_names}
+        if MASK_POSITIONS in self.input_names and MASK_POSITIONS not in feeds:
+            feeds[MASK_POSITIONS] = np.zeros((inputs["input_ids"].shape[0], 1), np.int64)  # unused by this head
+        output = signature(head).output
+        return self.compiled[bucket].run(feeds, [output])[output]

@@ -1,0 +1,389 @@
+"""Reduced precision: which precision for which CPU, the accuracy gate, and the variants served.
+
+- `choose_precision` over a table of CPUs (flags as Linux names them) and gates (pure function).
+- The gate: computed on real text, recorded per variant and bucket in the manifest, and able to fail
+  (a degraded variant is caught by each of its measures).
+- The variants, run through the service's runtimes: padded = unpadded and batched = single within
+  the gate (dynamic int8 quantizes activations per batch, so neither holds exactly).
+- Through a real `bigs serve`: auto picks what the decision says and the start-up log says why;
+  int8 answers within the gate of fp32's; an explicit precision the dir lacks is a one-line start-up
+  failure with status 1.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pytest
+
+from service.cpu_features import (
+    PrecisionUnavailable,
+    VariantStatus,
+    choose_precision,
+    cpu_flags,
+    precision_for_model,
+)
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+PASSED = VariantStatus(present=True, passed=True)
+FAILED = VariantStatus(present=True, passed=False, detail="bucket 128: embedding cosine (min) 0.9 < 0.99")
+ABSENT = VariantStatus(present=False)
+
+SAPPHIRE_RAPIDS = {"avx512f", "avx512_vnni", "avx512_bf16", "amx_bf16", "amx_int8", "amx_tile"}
+ZEN4 = {"avx512f", "avx512_vnni", "avx512_bf16"}
+ALDER_LAKE = {"avx2", "avx_vnni"}
+SKYLAKE = {"avx2", "avx512f"}
+
+# (cpu flags, int8 status, bf16 status) → precision auto serves
+AUTO_CASES = {
+    "amx: bf16 first": (SAPPHIRE_RAPIDS, PASSED, PASSED, "bf16"),
+    "amx, bf16 failed its gate: int8": (SAPPHIRE_RAPIDS, PASSED, FAILED, "int8"),
+    "amx, no bf16 variant: int8": (SAPPHIRE_RAPIDS, PASSED, ABSENT, "int8"),
+    "amx, nothing passed: fp32": (SAPPHIRE_RAPIDS, FAILED, FAILED, "fp32"),
+    "zen 4 (vnni, avx512_bf16, no amx): int8": (ZEN4, PASSED, PASSED, "int8"),
+    "zen 4, int8 failed: not bf16 either (no amx)": (ZEN4, FAILED, PASSED, "fp32"),
+    "avx-vnni only: int8": (ALDER_LAKE, PASSED, PASSED, "int8"),
+    "no vnni: fp32 even with every variant passed": (SKYLAKE, PASSED, PASSED, "fp32"),
+    "no cpuinfo: fp32": (set(), PASSED, PASSED, "fp32"),
+    "fp32-only export: fp32": (ZEN4, ABSENT, ABSENT, "fp32"),
+}
+
+
+@pytest.mark.parametrize("case", list(AUTO_CASES))
+def test_auto_serves_the_fastest_variant_that_passed_its_gate_and_this_cpu_runs_fast(case):
+    flags, int8, bf16, expected = AUTO_CASES[case]
+    choice = choose_precision("auto", flags, {"int8": int8, "bf16": bf16})
+    assert choice.precision == expected, choice.explain()
+    assert choice.reasons and choice.reasons[-1].startswith(expected), choice.reasons
+
+
+def test_auto_gives_a_reason_for_every_candidate_it_passed_over():
+    choice = choose_precision("auto", SAPPHIRE_RAPIDS, {"int8": FAILED, "bf16": ABSENT})
+    assert choice.precision == "fp32"
+    assert choice.reasons == [
+        "not bf16: no bf16 variant",
+        f"not int8: failed its accuracy gate ({FAILED.detail})",
+        "fp32: no faster variant applies",
+    ]
+    lacking = choose_precision("auto", SKYLAKE, {"int8": PASSED, "bf16": PASSED})
+    assert "AVX512-VNNI or AVX-VNNI" in lacking.explain() and "AMX-BF16" in lacking.explain()
+
+
+@pytest.mark.parametrize("precision", ["int8", "bf16"])
+def test_an_explicit_precision_is_served_whatever_the_cpu_when_its_variant_passed(precision):
+    choice = choose_precision(precision, set(), {precision: PASSED})
+    assert choice.precision == precision and "no flag that makes it fast" in choice.explain()
+    assert choose_precision("fp32", SAPPHIRE_RAPIDS, {"int8": PASSED, "bf16": PASSED}).precision == "fp32"
+
+
+@pytest.mark.parametrize(("status", "says"), [(ABSENT, "has no int8 variant"), (FAILED, "failed its accuracy gate")])
+def test_an_explicit_precision_the_dir_lacks_or_that_failed_its_gate_is_refused(status, says):
+    with pytest.raises(PrecisionUnavailable, match=says):
+        choose_precision("int8", ZEN4, {"int8": status})
+
+
+def test_other_runtimes_serve_fp32_and_refuse_an_explicit_reduced_precision():
+    assert precision_for_model("auto", "torch", manifest=None).precision == "fp32"
+    with pytest.raises(PrecisionUnavailable, match="needs runtime onnx"):
+        precision_for_model("int8", "stablehlo", manifest=None)
+
+
+def test_cpu_flags_are_read_from_the_cpuinfo_flags_line(tmp_path):
+    cpuinfo = tmp_path / "cpuinfo"
+    cpuinfo.write_text(
+        "processor\t: 0\nmodel name\t: Test CPU\nflags\t\t: fpu avx512_vnni amx_int8\n\nprocessor\t: 1\n"
+    )
+    assert cpu_flags(str(cpuinfo)) == {"fpu", "avx512_vnni", "amx_int8"}
+    assert cpu_flags(str(tmp_path / "absent")) == frozenset()
+
+
+# -- the gate -------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tmp_path_factory):
+    """The project's BERT uncased WordPiece, as the export dirs hold it (tokenizer.json)."""
+    from tokenizers import Tokenizer
+
+    from model.tokenizer import save_tokenizer
+
+    out = tmp_path_factory.mktemp("tokenizer")
+    save_tokenizer(out)
+    tokenizer = Tokenizer.from_file(str(out / "tokenizer.json"))
+    tokenizer.no_truncation()
+    return tokenizer
+
+
+def test_the_gate_text_is_real_english_long_enough_for_the_longest_bucket(tokenizer):
+    from export.gate import gate_sequences, paragraphs
+
+    assert len(paragraphs()) >= 10
+    sequences = gate_sequences(tokenizer, 4096)
+    assert [len(s) for s in sequences] == [4096, 2048, 4096, 2048]
+    assert len({tuple(s[1:50]) for s in sequences}) == 4  # each starts at another paragraph
+    assert len(gate_sequences(tokenizer, 128)) == 32 and len(gate_sequences(tokenizer, 1024)) == 16
+    unknown = sum(t == 100 for s in sequences for t in s) / sum(len(s) for s in sequences)
+    assert unknown < 0.01, unknown  # English the vocabulary knows, not noise
+
+
+def _fake_variant(reference, damage):
+    def run(bucket, feeds):
+        out = {k: v.copy() for k, v in reference(bucket, feeds).items()}
+        damage(out)
+        return out
+
+    return run
+
+
+@pytest.mark.slow
+def test_the_gate_passes_fp32_against_itself_and_catches_each_kind_of_damage(exports, tokenizer):
+    from export.gate import measure_gate, ort_runner
+    from export.manifest import GateThresholds, read_manifest
+    from export.onnx_runtime import load_sessions
+
+    thresholds = GateThresholds()
+    for name, fill_mask in (("mlm", True), ("cls", False)):
+        manifest = read_manifest(exports[name])
+        reference = ort_runner(load_sessions(exports[name], buckets=[128], manifest=manifest))
+        same = measure_gate(tokenizer, 128, fill_mask, reference, reference, thresholds)
+        assert same.passed and same.max_abs_logit_diff == 0 and same.embedding_cosine_min > 0.99999
+        agreement = same.fill_mask_top1_agreement if fill_mask else same.classification_agreement
+        assert agreement == 1.0 and same.compared > (50 if fill_mask else 10)
+
+        def flip(out):  # another top-1 everywhere: agreement 0
+            out["logits"] = -out["logits"]
+
+        def rotate(out):  # embeddings of another direction
+            out["embeddings"] = np.roll(out["embeddings"], 1, axis=-1)
+
+        def shift(out):  # every logit 3 off, the ranking unchanged
+            out["logits"] = out["logits"] + 3.0
+
+        for damage, says in ((flip, "agreement"), (rotate, "embedding cosine"), (shift, "max abs logit diff")):
+            measured = measure_gate(tokenizer, 128, fill_mask, reference, _fake_variant(reference, damage), thresholds)
+            assert not measured.passed and any(says in f for f in measured.failures), (damage.__name__, measured)
+
+
+# -- exported variants ----------------------------------------------------------------------------
+
+VARIANT_BUCKETS = [128, 512]
+
+
+def bf16_runs_here() -> bool:
+    from export.openvino_runtime import openvino_available
+
+    return openvino_available() and bool({"avx512_bf16", "amx_bf16"} & cpu_flags())
+
+
+@pytest.fixture(scope="module")
+def variant_exports(tmp_path_factory):
+    """The tiny service models (tests/service_fixtures.py) exported with int8 and bf16 variants, ONNX only."""
+    from service_fixtures import _artifact
+
+    from export.build import ExportOptions, export_artifact
+
+    root = tmp_path_factory.mktemp("precision")
+    outs = {}
+    for name, task, seed in (("mlm", "mlm", 0), ("cls", "classification", 1)):
+        artifact = _artifact(root / f"art-{name}", task, seed)
+        options = ExportOptions(buckets=VARIANT_BUCKETS, formats=("onnx",), precisions=("int8", "bf16"))
+        export_artifact(artifact, root / f"export-{name}", options)
+        outs[name] = root / f"export-{name}"
+    return outs
+
+
+@pytest.mark.slow
+def test_export_records_each_variants_gate_per_bucket_with_thresholds_and_verdict(variant_exports):
+    from export.gate import gate_text_sha256
+    from export.manifest import GateThresholds, read_manifest
+
+    for name, export_dir in variant_exports.items():
+        manifest = read_manifest(export_dir)
+        raw = json.loads((export_dir / "manifest.json").read_text())
+        assert manifest.gate.text_sha256 == gate_text_sha256()
+        assert manifest.gate.thresholds == GateThresholds()
+        expected = {"int8", "bf16"} if bf16_runs_here() else {"int8"}
+        assert set(manifest.precisions) == expected, raw["precisions"].keys()
+        for precision, variant in manifest.precisions.items():
+            assert sorted(variant.gate) == VARIANT_BUCKETS
+            for bucket, m in variant.gate.items():
+                key = "fill_mask_top1_agreement" if name == "mlm" else "classification_agreement"
+                assert 0 <= raw["precisions"][precision]["gate"][str(bucket)][key] <= 1
+                assert 0 < m.embedding_cosine_min <= m.embedding_cosine_mean <= 1 + 1e-6
+                assert m.failures == manifest.gate.thresholds.failures(m)
+            assert variant.passed == (not variant.failures())
+            assert variant.runtime == ("onnxruntime" if precision == "int8" else "openvino")
+
+
+@pytest.mark.slow
+def test_openvino_at_fp32_computes_what_onnx_runtime_computes_on_every_head(variant_exports):
+    """The bf16 variant runs the fp32 graphs on OpenVINO; at fp32 it must give ORT's outputs (a contrib op
+    OpenVINO mistranslated, ORT's FusedGemm, once put a classifier's logits 1.5 off)."""
+    from export.onnx_runtime import load_sessions
+    from export.openvino_runtime import load_compiled, openvino_available
+
+    if not openvino_available():
+        pytest.skip("OpenVINO is not installed")
+    for name, export_dir in variant_exports.items():
+        assert (
+            "FusedGemm"
+            not in json.loads((export_dir / "manifest.json").read_text())["onnx"]["buckets"]["128"]["op_types"]
+        )
+        sessions = load_sessions(export_dir, buckets=[128])
+        compiled = load_compiled(export_dir, "fp32", buckets=[128])
+        feeds = {
+            "input_ids": np.random.default_rng(0).integers(1000, 2000, size=(2, 128)),
+            "attention_mask": np.ones((2, 128), np.int64),
+            "token_type_ids": np.zeros((2, 128), np.int64),
+            "mask_positions": np.array([[3, 9], [5, 7]]),
+        }
+        names = [i.name for i in sessions[128].get_inputs()]
+        want = sessions[128].run(None, {k: feeds[k] for k in names})
+        got = compiled[128].run(feeds)
+        for output, expected in zip(compiled[128].output_names, want, strict=True):
+            np.testing.assert_allclose(
+                got[output], expected, atol=1e-4 * max(1.0, np.abs(expected).max()), err_msg=name
+            )
+
+
+def _runtime(export_dir, precision):
+    from export.manifest import read_manifest
+    from service.runtimes import load_runtime
+
+    return load_runtime("onnx", export_dir, read_manifest(export_dir), precision=precision)
+
+
+def _sequences(tokenizer, n: int, seed: int) -> list[list[int]]:
+    from export.gate import gate_sequences
+
+    pool = gate_sequences(tokenizer, 128)
+    rng = np.random.default_rng(seed)
+    return [pool[i] for i in rng.choice(len(pool), n, replace=False)]
+
+
+def _batch(sequences: list[list[int]], bucket: int) -> dict[str, np.ndarray]:
+    ids = np.zeros((len(sequences), bucket), np.int64)
+    mask = np.zeros_like(ids)
+    for row, seq in enumerate(sequences):
+        ids[row, : len(seq)], mask[row, : len(seq)] = seq, 1
+    return {"input_ids": ids, "attention_mask": mask, "token_type_ids": np.zeros_like(ids)}
+
+
+def _within_gate(a: np.ndarray, b: np.ndarray, what: str) -> None:
+    from export.gate import cosine
+    from export.manifest import GateThresholds
+
+    t = GateThresholds()
+    if what == "embeddings":
+        assert cosine(a, b).min() >= t.embedding_cosine_min, cosine(a, b)
+    else:
+        assert np.abs(a - b).max() <= t.max_abs_logit_diff_max, np.abs(a - b).max()
+        assert np.mean(a.argmax(-1) == b.argmax(-1)) >= t.classification_agreement_min
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("precision", ["int8", "bf16"])
+def test_reduced_variants_keep_padded_equal_unpadded_and_batched_equal_single_within_the_gate(
+    variant_exports, precision, tokenizer
+):
+    if precision == "bf16" and not bf16_runs_here():
+        pytest.skip("OpenVINO runs bf16 only on a CPU with AVX512_BF16 or AMX")
+    runtime = _runtime(variant_exports["cls"], precision)
+    assert runtime.precision == precision
+    sequences = _sequences(tokenizer, 3, seed=0)
+    for head in ("classification", "embeddings"):
+        batched = runtime.run(head, 128, _batch(sequences, 128))
+        padded = runtime.run(head, 512, _batch(sequences, 512))  # the same inputs, 384 more pad tokens
+        single = np.concatenate([runtime.run(head, 128, _batch([s], 128)) for s in sequences])
+        _within_gate(batched, single, head)
+        _within_gate(batched, padded, head)
+
+
+# -- through the real service ---------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_int8_served_answers_within_its_gate_of_fp32_and_says_its_precision(variant_exports, logs):
+    from service_fixtures import Server
+
+    from export.gate import paragraphs
+    from export.manifest import read_manifest
+
+    servers = {
+        p: Server(
+            {"fill": variant_exports["mlm"], "cls": variant_exports["cls"]}, logs, f"precision-{p}", BIGS_PRECISION=p
+        )  # fmt: skip
+        for p in ("fp32", "int8")
+    }
+    try:
+        answers = {}
+        texts = [" ".join(p.split()[:60]) for p in paragraphs()]
+        masked = [t.replace(" the ", " [MASK] ", 1) for t in texts if " the " in t]
+        for precision, server in servers.items():
+            server.wait_ready()
+            with httpx.Client(base_url=server.url, timeout=120) as client:
+                models = {m["id"]: m for m in client.get("/v1/models").json()["data"]}
+                assert {m["precision"] for m in models.values()} == {precision}, models
+                assert client.get("/info").json()["model_dtype"] == {"fp32": "float32", "int8": "int8"}[precision]
+                embed = client.post("/v1/embed", json={"model": "fill", "inputs": texts})
+                classify = client.post("/v1/classify", json={"model": "cls", "inputs": texts})
+                fill = client.post("/v1/fill-mask", json={"model": "fill", "inputs": masked})
+            for response in (embed, classify, fill):
+                assert response.status_code == 200, response.text
+            answers[precision] = {
+                "embed": np.array(embed.json()["embeddings"]),
+                "classify": classify.json(),
+                "fill": fill.json(),
+            }
+        fp32, int8 = answers["fp32"], answers["int8"]
+        thresholds = read_manifest(variant_exports["mlm"]).gate.thresholds
+        from export.gate import cosine
+
+        assert cosine(fp32["embed"], int8["embed"]).min() >= thresholds.embedding_cosine_min
+        top = lambda answer: [scores[0]["label"] for scores in answer]  # noqa: E731
+        agree = np.mean([a == b for a, b in zip(top(fp32["classify"]), top(int8["classify"]), strict=True)])
+        assert agree >= thresholds.classification_agreement_min, (fp32["classify"], int8["classify"])
+        tokens = lambda answer: [c[0]["token"] for c in answer]  # noqa: E731
+        agree = np.mean([a == b for a, b in zip(tokens(fp32["fill"]), tokens(int8["fill"]), strict=True)])
+        assert agree >= thresholds.fill_mask_top1_agreement_min, (fp32["fill"], int8["fill"])
+    finally:
+        for server in servers.values():
+            server.stop()
+
+
+@pytest.mark.slow
+def test_auto_serves_what_the_decision_says_and_the_start_up_log_says_why(variant_exports, logs):
+    from service_fixtures import Server
+
+    from export.manifest import read_manifest
+
+    expected = precision_for_model("auto", "onnx", read_manifest(variant_exports["mlm"]))
+    server = Server({"fill": variant_exports["mlm"]}, logs, "precision-auto", BIGS_WARMUP="false")
+    try:
+        server.wait_ready()
+        (model,) = httpx.get(f"{server.url}/v1/models", timeout=30).json()["data"]
+        assert model["precision"] == expected.precision
+        assert expected.explain() in server.log()
+    finally:
+        server.stop()
+
+
+@pytest.mark.slow
+def test_an_explicit_precision_the_export_dir_lacks_ends_serve_with_status_1_and_one_line(exports, logs):
+    from service_fixtures import Server
+
+    server = Server({"fill": exports["mlm"]}, logs, "precision-missing", BIGS_PRECISION="int8", BIGS_WARMUP="false")
+    try:
+        rc = server.proc.wait(60)
+    finally:
+        server.stop()
+    log = server.log()
+    last = log.strip().splitlines()[-1]
+    assert rc == 1, log
+    assert last.startswith("bigs serve: model 'fill' failed to load from ") and "has no int8 variant" in last, last
+    assert "Traceback" not in log
