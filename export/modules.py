@@ -30,7 +30,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from model.modeling_bigs import BiGSForMaskedLM, BiGSForSequenceClassification, S4dLayer, mean_pool
+from model.modeling_bigs import BiGSForMaskedLM, BiGSForSequenceClassification, BiGSLayer, S4dLayer, mean_pool
 from model.ssm import chunked_weights, toeplitz_matrix
 
 from .heads import SIGNATURES
@@ -67,17 +67,22 @@ def formulation_for(length: int) -> Formulation:
 
 
 class ToeplitzSSM(nn.Module):
-    """y = T·u + D·u with T (L, L) = Toeplitz(K[:L]); u (B, L, d). Twin of `causal_conv_toeplitz`."""
+    """y = T·u with T (L, L) = Toeplitz(K[:L]) + D·I; u (B, L, d). Twin of `causal_conv_toeplitz` (+ D·u).
 
-    def __init__(self, ssm: S4dLayer, length: int):
+    `anticausal`: the backward SSM read right to left, flip(SSM(flip(u))), without the flips: for a
+    Toeplitz T, flip·T·flip = Tᵀ (upper-triangular), so the flipped form is one MatMul by Tᵀ. The skip
+    term D·u is folded into the diagonal (one MatMul, no Mul and Add over (L, d)).
+    """
+
+    def __init__(self, ssm: S4dLayer, length: int, anticausal: bool = False):
         super().__init__()
         with torch.no_grad():
             K = ssm.kernel(length)  # float64
-            self.register_buffer("T", toeplitz_matrix(K, length).float())  # (L, L)
-        self.D = ssm.D
+            T = toeplitz_matrix(K, length) + ssm.D.double() * torch.eye(length, dtype=torch.float64)
+            self.register_buffer("T", (T.T if anticausal else T).float().contiguous())  # (L, L)
 
     def forward(self, u: torch.Tensor) -> torch.Tensor:
-        return torch.matmul(self.T, u) + self.D * u  # (L, L) @ (B, L, d) → (B, L, d)
+        return torch.matmul(self.T, u)  # (L, L) @ (B, L, d) → (B, L, d)
 
 
 class ChunkedSSM(nn.Module):
@@ -88,10 +93,17 @@ class ChunkedSSM(nn.Module):
       s[k]        = Σ_j z^(c−1−j) u[k, j]                        chunk k's end state (N complex → 2N real)
       h[k]        = Σ_{j<k} z^(c(k−1−j)) s[j]                    states carried to the start of chunk k
       y[k, i]    += Re(Σ_n Ct_n z_n^(i+1) h_n[k])
-    The complex products are written as real block matrices, so each step is one MatMul.
+    The complex products are written as real block matrices, so each step is one MatMul. D·u is
+    folded into the diagonal of the intra-chunk matrix.
+
+    `anticausal` (flip(SSM(flip(u))) without flips): every lag runs the other way, so each constant
+    is its mirror: intra → introᵀ, a chunk's state is taken at its START (to_state's columns
+    reversed), carried from LATER chunks (each carry block transposed), and read out at distance
+    c − i (read's rows reversed). Exact: K[(j−k)·c + m − i] = Re Σ Ct z^(c−i) z^(c(j−k−1)) z^m. Zero
+    inputs past L still change nothing before L, so padding stays at the end.
     """
 
-    def __init__(self, ssm: S4dLayer, length: int, chunk: int):
+    def __init__(self, ssm: S4dLayer, length: int, chunk: int, anticausal: bool = False):
         super().__init__()
         self.length, self.chunk = length, chunk
         self.n_chunks = -(-length // chunk)
@@ -99,17 +111,21 @@ class ChunkedSSM(nn.Module):
             modes = ssm.kernel.modes()  # float64
             w = chunked_weights(modes, ssm.kernel(chunk), chunk, self.n_chunks)
             self.N = w.carry_re.shape[0]
+            intra = w.intra + ssm.D.double() * torch.eye(chunk, dtype=torch.float64)
+            to_state, carry_re, carry_im = w.to_state, w.carry_re, w.carry_im
+            read_re, read_im = w.from_state_re, w.from_state_im
+            if anticausal:
+                intra, to_state = intra.T, to_state.flip(1)
+                carry_re, carry_im = carry_re.transpose(1, 2), carry_im.transpose(1, 2)
+                read_re, read_im = read_re.flip(0), read_im.flip(0)
             # [h_re; h_im] = [[C_re, −C_im], [C_im, C_re]] · [s_re; s_im] per mode: (N, 2n, 2n)
-            carry = torch.cat(
-                [torch.cat([w.carry_re, -w.carry_im], dim=2), torch.cat([w.carry_im, w.carry_re], dim=2)], dim=1
-            )
+            carry = torch.cat([torch.cat([carry_re, -carry_im], dim=2), torch.cat([carry_im, carry_re], dim=2)], dim=1)
             # y += [F_re, −F_im] · [h_re; h_im]: (c, 2N)
-            read = torch.cat([w.from_state_re, -w.from_state_im], dim=1)
-            self.register_buffer("intra", w.intra.float())  # (c, c)
-            self.register_buffer("to_state", w.to_state.float())  # (2N, c)
+            read = torch.cat([read_re, -read_im], dim=1)
+            self.register_buffer("intra", intra.float().contiguous())  # (c, c)
+            self.register_buffer("to_state", to_state.float().contiguous())  # (2N, c)
             self.register_buffer("carry", carry.float())  # (N, 2n, 2n)
             self.register_buffer("read", read.float())  # (c, 2N)
-        self.D = ssm.D
 
     def forward(self, u: torch.Tensor) -> torch.Tensor:
         L, c, n, N = self.length, self.chunk, self.n_chunks, self.N
@@ -127,32 +143,97 @@ class ChunkedSSM(nn.Module):
         y = y.reshape(-1, n * c, d)  # (B, n·c, d)
         if n * c != L:
             y = y[:, :L]
-        return y + self.D * u
+        return y
 
 
-def frozen_ssm(ssm: S4dLayer, length: int, formulation: Formulation) -> nn.Module:
+def frozen_ssm(ssm: S4dLayer, length: int, formulation: Formulation, anticausal: bool = False) -> nn.Module:
     if formulation.name == "toeplitz":
-        return ToeplitzSSM(ssm, length)
+        return ToeplitzSSM(ssm, length, anticausal)
     if formulation.name == "chunked":
-        return ChunkedSSM(ssm, length, formulation.chunk)
+        return ChunkedSSM(ssm, length, formulation.chunk, anticausal)
     raise ValueError(f"no frozen SSM for formulation {formulation.name!r}")
+
+
+# --------------------------------------------------------------------------------------------
+# The gated layer, re-arranged for the graph (docs/DESIGN.md §3.6)
+# --------------------------------------------------------------------------------------------
+
+
+def _fused_linear(*linears: nn.Linear) -> nn.Linear:
+    """One Linear computing every one of `linears` (same input) side by side along the output."""
+    with torch.no_grad():
+        weight = torch.cat([linear.weight for linear in linears], dim=0)
+        bias = torch.cat([linear.bias for linear in linears], dim=0)
+    fused = nn.Linear(weight.shape[1], weight.shape[0], dtype=weight.dtype)
+    fused.weight, fused.bias = nn.Parameter(weight, requires_grad=False), nn.Parameter(bias, requires_grad=False)
+    return fused
+
+
+class FusedBiGSLayer(nn.Module):
+    """The export twin of one `BiGSLayer`: the same function, fewer and larger graph nodes.
+
+    The torch layer (docs/DESIGN.md §2.2) flips H, the padding mask and the backward branch's output
+    along the sequence, and projects H three times (dv, du_forward, du_backward). Here:
+      - no flips: every per-token op commutes with flip, so flip(SSM_b(flip(x))) is the backward SSM
+        read right to left, an anti-causal frozen twin (`anticausal=True`), and
+        Bk = GELU(H Wb) feeds it unflipped;
+      - one input projection: [F | Bk | V] = GELU(H [Wf | Wb | Wv] + [bf | bb | bv]), one (d, 2d + I)
+        MatMul and one BiasGelu over it instead of three of each;
+      - D·u folded into the SSM matrices (see `ToeplitzSSM`).
+    Exact up to float32 rounding order; tests/test_export.py holds it to the FFT reference.
+    """
+
+    def __init__(self, layer: BiGSLayer, length: int, formulation: Formulation):
+        super().__init__()
+        self.pre_norm = layer.pre_norm
+        self.mask_padding_in_ssm = layer.mask_padding_in_ssm
+        self.LayerNorm = layer.LayerNorm
+        self.split = (layer.du_forward.out_features, layer.du_backward.out_features, layer.dv.out_features)
+        self.project_in = _fused_linear(layer.du_forward, layer.du_backward, layer.dv)
+        self.fs4 = frozen_ssm(layer.fs4, length, formulation)
+        self.bs4 = frozen_ssm(layer.bs4, length, formulation, anticausal=True)
+        self.duc_forward, self.duc_backward = layer.duc_forward, layer.duc_backward
+        self.dol, self.do = layer.dol, layer.do
+
+    def gated_ssm(self, H: torch.Tensor, real_tokens: torch.Tensor | None) -> torch.Tensor:
+        forward_in, backward_in, V = nn.functional.gelu(self.project_in(H)).split(self.split, dim=-1)
+        if real_tokens is not None and self.mask_padding_in_ssm:
+            keep = real_tokens.to(H.dtype)[..., None]  # (B, L, 1): pad positions feed neither direction
+            forward_in, backward_in = forward_in * keep, backward_in * keep
+        U = self.duc_forward(self.fs4(forward_in)) * self.duc_backward(self.bs4(backward_in))
+        return self.do(nn.functional.gelu(self.dol(U)) * V)
+
+    def forward(self, X: torch.Tensor, real_tokens: torch.Tensor | None = None) -> torch.Tensor:
+        if self.pre_norm:
+            return X + self.gated_ssm(self.LayerNorm(X), real_tokens)
+        return self.LayerNorm(X + self.gated_ssm(X, real_tokens))
 
 
 @contextlib.contextmanager
 def frozen_ssms(model: nn.Module, length: int, formulation: Formulation) -> Iterator[nn.Module]:
-    """Swap every layer's fs4/bs4 for its frozen twin at `length` while inside; restored on exit.
+    """Put every encoder layer in its export form at `length` while inside; restored on exit.
 
-    The swap shares every other parameter with `model` (no copy of a large model per bucket).
+    A `BiGSLayer` is replaced by its `FusedBiGSLayer` (SSMs frozen, flips gone, projections fused);
+    a layer of another kind keeps its own code, with its fs4/bs4 (if any) swapped for frozen twins.
+    Both share the LayerNorms and the untouched Linears with `model`: only the fused input projection
+    is new (no copy of the rest of a large model per bucket).
     """
     layers = model.bigs.encoder.layer
-    originals = [(layer.fs4, layer.bs4) for layer in layers]
+    originals = list(layers)
+    swapped = []  # (layer, fs4, bs4) of layers whose SSMs were swapped in place
     try:
-        for layer, (fs4, bs4) in zip(layers, originals, strict=True):
-            layer.fs4 = frozen_ssm(fs4, length, formulation)
-            layer.bs4 = frozen_ssm(bs4, length, formulation)
+        for i, layer in enumerate(originals):
+            if type(layer) is BiGSLayer:
+                layers[i] = FusedBiGSLayer(layer, length, formulation)
+            elif hasattr(layer, "fs4") and hasattr(layer, "bs4"):
+                swapped.append((layer, layer.fs4, layer.bs4))
+                layer.fs4 = frozen_ssm(layer.fs4, length, formulation)
+                layer.bs4 = frozen_ssm(layer.bs4, length, formulation)
         yield model
     finally:
-        for layer, (fs4, bs4) in zip(layers, originals, strict=True):
+        for i, layer in enumerate(originals):
+            layers[i] = layer
+        for layer, fs4, bs4 in swapped:
             layer.fs4, layer.bs4 = fs4, bs4
 
 
