@@ -10,6 +10,7 @@ bigs bench torch-forward [--lengths 512 4096]                      torch eager l
 bigs bench load [--host URL --users N --duration 60s --scenario long|mixed|fill-mask --out DIR]
 bigs bench soak [--host URL --duration 600 --fraction 0.7 --out DIR]   steady load at a fraction of capacity, RSS sampled
 bigs bench memory --model NAME=EXPORT_DIR …                         resident memory: shared arena vs one per session
+bigs bench compare [--quick] [--out docs/BENCHMARKS.md]             BiGS vs same-size BERT, dense-FLOP floors, batching
 bigs export ARTIFACT_DIR OUT_DIR [--buckets 128,256] [--formats onnx,stablehlo] [--quantize int8]
 bigs export --verify OUT_DIR                                       re-hash files, re-measure parity
 bigs hub-files DIR [DIR …]          (re)write what stock transformers / sentence-transformers / the Hub read
@@ -35,6 +36,7 @@ BENCHMARKS = {
     "load": "bench.load",
     "soak": "bench.soak",
     "memory": "bench.memory",
+    "compare": "bench.compare",
 }
 
 

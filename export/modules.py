@@ -155,32 +155,23 @@ def frozen_ssm(ssm: S4dLayer, length: int, formulation: Formulation, anticausal:
 
 
 # --------------------------------------------------------------------------------------------
-# The gated layer, re-arranged for the graph (docs/DESIGN.md §3.6)
+# The gated layer without flips (docs/DESIGN.md §3.6)
 # --------------------------------------------------------------------------------------------
 
 
-def _fused_linear(*linears: nn.Linear) -> nn.Linear:
-    """One Linear computing every one of `linears` (same input) side by side along the output."""
-    with torch.no_grad():
-        weight = torch.cat([linear.weight for linear in linears], dim=0)
-        bias = torch.cat([linear.bias for linear in linears], dim=0)
-    fused = nn.Linear(weight.shape[1], weight.shape[0], dtype=weight.dtype)
-    fused.weight, fused.bias = nn.Parameter(weight, requires_grad=False), nn.Parameter(bias, requires_grad=False)
-    return fused
-
-
-class FusedBiGSLayer(nn.Module):
-    """The export twin of one `BiGSLayer`: the same function, fewer and larger graph nodes.
+class FlipFreeBiGSLayer(nn.Module):
+    """The export twin of one `BiGSLayer`: the same function without the flips.
 
     The torch layer (docs/DESIGN.md §2.2) flips H, the padding mask and the backward branch's output
-    along the sequence, and projects H three times (dv, du_forward, du_backward). Here:
-      - no flips: every per-token op commutes with flip, so flip(SSM_b(flip(x))) is the backward SSM
-        read right to left, an anti-causal frozen twin (`anticausal=True`), and
-        Bk = GELU(H Wb) feeds it unflipped;
-      - one input projection: [F | Bk | V] = GELU(H [Wf | Wb | Wv] + [bf | bb | bv]), one (d, 2d + I)
-        MatMul and one BiasGelu over it instead of three of each;
-      - D·u folded into the SSM matrices (see `ToeplitzSSM`).
-    Exact up to float32 rounding order; tests/test_export.py holds it to the FFT reference.
+    along the sequence: three copies of (B, L, d) a layer (ONNX Slice with step −1). Every per-token
+    op (Linear, GELU, the mask) commutes with the flip, so flip(SSM_b(GELU(flip(H) Wb))) =
+    SSM_b⁻(GELU(H Wb)), where SSM_b⁻ is the backward SSM read right to left: the anti-causal frozen
+    twin (`anticausal=True`, an upper-triangular Toeplitz or the mirrored chunked form). D·u is
+    folded into the SSM matrices (`ToeplitzSSM`). The Linears are the model's own (shared weights).
+
+    Not done, measured (docs/DESIGN.md §3.6): one (d, 2d + I) input projection for Wf, Wb and Wv
+    needs a Split of its (B, L, 2d + I) output, a copy that costs more than the MatMul launches it
+    saves. Exact up to float32 rounding order; tests/test_export.py holds it to the FFT reference.
     """
 
     def __init__(self, layer: BiGSLayer, length: int, formulation: Formulation):
@@ -188,20 +179,20 @@ class FusedBiGSLayer(nn.Module):
         self.pre_norm = layer.pre_norm
         self.mask_padding_in_ssm = layer.mask_padding_in_ssm
         self.LayerNorm = layer.LayerNorm
-        self.split = (layer.du_forward.out_features, layer.du_backward.out_features, layer.dv.out_features)
-        self.project_in = _fused_linear(layer.du_forward, layer.du_backward, layer.dv)
         self.fs4 = frozen_ssm(layer.fs4, length, formulation)
         self.bs4 = frozen_ssm(layer.bs4, length, formulation, anticausal=True)
+        self.dv, self.du_forward, self.du_backward = layer.dv, layer.du_forward, layer.du_backward
         self.duc_forward, self.duc_backward = layer.duc_forward, layer.duc_backward
         self.dol, self.do = layer.dol, layer.do
 
     def gated_ssm(self, H: torch.Tensor, real_tokens: torch.Tensor | None) -> torch.Tensor:
-        forward_in, backward_in, V = nn.functional.gelu(self.project_in(H)).split(self.split, dim=-1)
+        gelu = nn.functional.gelu
+        V, forward_in, backward_in = gelu(self.dv(H)), gelu(self.du_forward(H)), gelu(self.du_backward(H))
         if real_tokens is not None and self.mask_padding_in_ssm:
             keep = real_tokens.to(H.dtype)[..., None]  # (B, L, 1): pad positions feed neither direction
             forward_in, backward_in = forward_in * keep, backward_in * keep
         U = self.duc_forward(self.fs4(forward_in)) * self.duc_backward(self.bs4(backward_in))
-        return self.do(nn.functional.gelu(self.dol(U)) * V)
+        return self.do(gelu(self.dol(U)) * V)
 
     def forward(self, X: torch.Tensor, real_tokens: torch.Tensor | None = None) -> torch.Tensor:
         if self.pre_norm:
@@ -213,10 +204,9 @@ class FusedBiGSLayer(nn.Module):
 def frozen_ssms(model: nn.Module, length: int, formulation: Formulation) -> Iterator[nn.Module]:
     """Put every encoder layer in its export form at `length` while inside; restored on exit.
 
-    A `BiGSLayer` is replaced by its `FusedBiGSLayer` (SSMs frozen, flips gone, projections fused);
-    a layer of another kind keeps its own code, with its fs4/bs4 (if any) swapped for frozen twins.
-    Both share the LayerNorms and the untouched Linears with `model`: only the fused input projection
-    is new (no copy of the rest of a large model per bucket).
+    A `BiGSLayer` is replaced by its `FlipFreeBiGSLayer` (SSMs frozen, flips gone); a layer of another
+    kind keeps its own code, with its fs4/bs4 (if any) swapped for frozen twins. Both share every
+    parameter with `model` (no copy of a large model per bucket).
     """
     layers = model.bigs.encoder.layer
     originals = list(layers)
@@ -224,7 +214,7 @@ def frozen_ssms(model: nn.Module, length: int, formulation: Formulation) -> Iter
     try:
         for i, layer in enumerate(originals):
             if type(layer) is BiGSLayer:
-                layers[i] = FusedBiGSLayer(layer, length, formulation)
+                layers[i] = FlipFreeBiGSLayer(layer, length, formulation)
             elif hasattr(layer, "fs4") and hasattr(layer, "bs4"):
                 swapped.append((layer, layer.fs4, layer.bs4))
                 layer.fs4 = frozen_ssm(layer.fs4, length, formulation)

@@ -75,29 +75,35 @@ def example_inputs(wrapper: torch.nn.Module, length: int, batch: int = 2, positi
 
 def torch_to_onnx(model: torch.nn.Module, length: int, formulation: Formulation, path: Path) -> None:
     """Export `model` (BiGSForMaskedLM / BiGSForSequenceClassification) for sequence length `length`."""
-    batch = torch.export.Dim("batch")
     with frozen_ssms(model, length, formulation):
         wrapper = export_wrapper(model)
-        args = example_inputs(wrapper, length)
-        dynamic = {name: {0: batch} for name in wrapper.input_names}
-        if MASK_POSITIONS in dynamic:
-            dynamic[MASK_POSITIONS][1] = torch.export.Dim("positions")
-        progress = io.StringIO()  # the exporter prints its steps to stdout even with verbose=False
-        with warnings.catch_warnings(), torch.no_grad(), contextlib.redirect_stdout(progress):
-            warnings.simplefilter("ignore")
-            torch.onnx.export(
-                wrapper,
-                args,
-                str(path),
-                dynamo=True,
-                opset_version=ONNX_OPSET,
-                input_names=list(wrapper.input_names),
-                output_names=list(wrapper.output_names),
-                dynamic_shapes=dynamic,
-                external_data=True,
-                optimize=True,
-                verbose=False,
-            )
+        dynamo_export(wrapper, example_inputs(wrapper, length), path)
+
+
+def dynamo_export(wrapper: torch.nn.Module, args: tuple, path: Path) -> None:
+    """`torch.onnx.export` (dynamo, `ONNX_OPSET`) of a head wrapper (its `input_names`/`output_names`),
+    batch dynamic, weights as external data. Also how the benchmark exports its BERT baseline, so both
+    go through the same exporter."""
+    batch = torch.export.Dim("batch")
+    dynamic = {name: {0: batch} for name in wrapper.input_names}
+    if MASK_POSITIONS in dynamic:
+        dynamic[MASK_POSITIONS][1] = torch.export.Dim("positions")
+    progress = io.StringIO()  # the exporter prints its steps to stdout even with verbose=False
+    with warnings.catch_warnings(), torch.no_grad(), contextlib.redirect_stdout(progress):
+        warnings.simplefilter("ignore")
+        torch.onnx.export(
+            wrapper,
+            args,
+            str(path),
+            dynamo=True,
+            opset_version=ONNX_OPSET,
+            input_names=list(wrapper.input_names),
+            output_names=list(wrapper.output_names),
+            dynamic_shapes=dynamic,
+            external_data=True,
+            optimize=True,
+            verbose=False,
+        )
 
 
 # --------------------------------------------------------------------------------------------
