@@ -42,11 +42,11 @@ def test_the_section_is_replaced_and_the_rest_of_the_file_kept(tmp_path):
 
 
 def _table_rows(text: str, heading: str) -> list[list[str]]:
-    """The rows of the first markdown table after `heading`, as cells."""
-    block = text.split(heading, 1)[1]
-    rows = [line for line in block.splitlines() if line.startswith("|")]
-    rows = rows[2 : next((i for i, r in enumerate(rows[2:], 2) if not r.startswith("| ")), len(rows))]
-    return [[cell.strip() for cell in row.strip("|").split("|")] for row in rows]
+    """The body rows of the first markdown table after `heading`, as cells."""
+    lines = text.split(heading, 1)[1].splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("|"))
+    end = next((i for i in range(start, len(lines)) if not lines[i].startswith("|")), len(lines))
+    return [[cell.strip() for cell in row.strip("|").split("|")] for row in lines[start + 2 : end]]
 
 
 @pytest.mark.slow
