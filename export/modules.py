@@ -11,7 +11,8 @@ the fastest measured on ORT CPU (docs/DESIGN.md §3):
     L > 2048         chunked, c = 256
 
 Both frozen forms are twins of the FFT reference (held together by tests/test_export.py through the
-whole model). The head wrappers fix the ONNX signature, all int64, batch B dynamic:
+whole model). Each layer is exported as a `FlipFreeBiGSLayer`: the backward SSM becomes an
+anti-causal twin (Tᵀ, or the mirrored chunked constants), so the graph holds no flips (docs/DESIGN.md §3.6). The head wrappers fix the ONNX signature, all int64, batch B dynamic:
 
     fill-mask       input_ids, attention_mask, token_type_ids (B, L), mask_positions (B, P), P dynamic
                     → logits (B, P, vocab) at those positions only, embeddings (B, d)
