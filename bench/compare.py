@@ -221,6 +221,7 @@ class Cell:
     median_ms: float | None = None
     floor_ms: float | None = None
     categories: dict[str, float] = field(default_factory=dict)  # ms per graph_profile category
+    load_average: float | None = None  # the machine's 1-minute load average when the cell started
     note: str = ""
 
 
@@ -287,6 +288,7 @@ def measure_latency(plan: Plan, sessions: Sessions, variants: list[str], bert_va
                     for model in models:
                         cells[(model, variant, length, batch)] = Cell(note="not run (time budget)")
                     continue
+                load_average = os.getloadavg()[0]  # other work on the machine, recorded with the cell
                 feeds = feeds_for(length, batch, seed=length)
                 live = {m: sessions.make(m, variant, length) for m in models}
                 for session in live.values():
@@ -299,7 +301,7 @@ def measure_latency(plan: Plan, sessions: Sessions, variants: list[str], bert_va
                         times[model].append(1000 * (time.perf_counter() - started))
                 del live
                 for model in models:
-                    cell = Cell(median_ms=statistics.median(times[model]))
+                    cell = Cell(median_ms=statistics.median(times[model]), load_average=load_average)
                     if plan.profile:
                         path = sessions.graph_path(model, variant, length)
                         profile = profile_graph(
@@ -531,6 +533,8 @@ def plot(plan: Plan, cells: dict, variants: list[str], path: Path) -> None:
 def report(plan: Plan, cells: dict, variants: list[str], loads: dict, minutes: float, command: str) -> str:
     import onnxruntime
 
+    load_avg = sorted({c.load_average for c in cells.values() if c.load_average is not None})
+
     lines = [
         BEGIN,
         "## BiGS against BERT, the dense-FLOP floor, batching",
@@ -542,6 +546,10 @@ def report(plan: Plan, cells: dict, variants: list[str], loads: dict, minutes: f
         f"BiGS I = 3d, 64 SSM modes; BERT FFN 4d, heads of 64, eager attention; both fill-mask graphs (logits at one "
         f"position + the pooled embedding), exported by the same exporter, optimiser and quantiser, loaded with the "
         f"export's session options. Run time {minutes:.1f} min.",
+        "",
+        f"Load average (1 min) of the machine before each cell: {load_avg[0] if load_avg else 0:.1f} to "
+        f"{load_avg[-1] if load_avg else 0:.1f}. The run itself adds about its thread count; beyond that, other work "
+        f"shared the cores, and only ratios taken side by side (BiGS / BERT, graph / floor) mean much.",
         "",
         f"![latency vs length]({PLOT_NAME})",
         "",
