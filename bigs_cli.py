@@ -11,6 +11,7 @@ bigs bench load [--host URL --users N --duration 60s --scenario long|mixed|fill-
 bigs bench soak [--host URL --duration 600 --fraction 0.7 --out DIR]   steady load at a fraction of capacity, RSS sampled
 bigs bench memory --model NAME=EXPORT_DIR …                         resident memory: shared arena vs one per session
 bigs bench precision EXPORT_DIR [--buckets 128,512,4096 --quantize]     fp32, int8 and bf16 variants side by side
+bigs bench compare [--quick] [--out docs/BENCHMARKS.md]             BiGS vs same-size BERT, dense-FLOP floors, batching
 bigs export ARTIFACT_DIR OUT_DIR [--buckets 128,256] [--formats onnx,stablehlo] [--precisions int8,bf16]
 bigs export --verify OUT_DIR                                       re-hash files, re-measure parity
 bigs hub-files DIR [DIR …]          (re)write what stock transformers / sentence-transformers / the Hub read
@@ -37,6 +38,7 @@ BENCHMARKS = {
     "soak": "bench.soak",
     "memory": "bench.memory",
     "precision": "bench.precision",
+    "compare": "bench.compare",
 }
 
 

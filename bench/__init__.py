@@ -5,6 +5,8 @@
     export_latency.py      ORT per bucket beside torch eager; memory of shared weights (a script)
     service_throughput.py  batching on and off, 4,096-token documents (a script)
     precision.py           `bigs bench precision`: fp32, int8 and bf16 variants of an export dir side by side
+    compare.py             `bigs bench compare`: BiGS vs same-size BERT, dense-FLOP floors, batching
+    graph_profile.py       ORT profile of a graph by op category; its dense-MatMul floor
 
 What they measured is in bench/RESULTS.md (not installed).
 """

@@ -1,6 +1,6 @@
 """Attention in the ONNX export: one ONNX `Attention` node (opset 23) against the same attention
 exported op by op (opset 20: MatMul, Mul, Add, Softmax, MatMul), on ONNX Runtime CPU
-(docs/DESIGN.md §3.6).
+(docs/DESIGN.md §3.7).
 
     python bench/attention_export.py [--lengths 128,512,4096] [--repeats 10] [--threads 2]
 

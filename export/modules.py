@@ -11,7 +11,8 @@ the fastest measured on ORT CPU (docs/DESIGN.md §3):
     L > 2048         chunked, c = 256
 
 Both frozen forms are twins of the FFT reference (held together by tests/test_export.py through the
-whole model). The head wrappers fix the ONNX signature, all int64, batch B dynamic:
+whole model). Each layer is exported as a `FlipFreeBiGSLayer`: the backward SSM becomes an
+anti-causal twin (Tᵀ, or the mirrored chunked constants), so the graph holds no flips (docs/DESIGN.md §3.6). The head wrappers fix the ONNX signature, all int64, batch B dynamic:
 
     fill-mask       input_ids, attention_mask, token_type_ids (B, L), mask_positions (B, P), P dynamic
                     → logits (B, P, vocab) at those positions only, embeddings (B, d)
@@ -37,6 +38,7 @@ from model.modeling_bigs import (
     BiGSForQuestionAnswering,
     BiGSForSequenceClassification,
     BiGSForTokenClassification,
+    BiGSLayer,
     S4dLayer,
     mean_pool,
 )
@@ -76,17 +78,22 @@ def formulation_for(length: int) -> Formulation:
 
 
 class ToeplitzSSM(nn.Module):
-    """y = T·u + D·u with T (L, L) = Toeplitz(K[:L]); u (B, L, d). Twin of `causal_conv_toeplitz`."""
+    """y = T·u with T (L, L) = Toeplitz(K[:L]) + D·I; u (B, L, d). Twin of `causal_conv_toeplitz` (+ D·u).
 
-    def __init__(self, ssm: S4dLayer, length: int):
+    `anticausal`: the backward SSM read right to left, flip(SSM(flip(u))), without the flips: for a
+    Toeplitz T, flip·T·flip = Tᵀ (upper-triangular), so the flipped form is one MatMul by Tᵀ. The skip
+    term D·u is folded into the diagonal (one MatMul, no Mul and Add over (L, d)).
+    """
+
+    def __init__(self, ssm: S4dLayer, length: int, anticausal: bool = False):
         super().__init__()
         with torch.no_grad():
             K = ssm.kernel(length)  # float64
-            self.register_buffer("T", toeplitz_matrix(K, length).float())  # (L, L)
-        self.D = ssm.D
+            T = toeplitz_matrix(K, length) + ssm.D.double() * torch.eye(length, dtype=torch.float64)
+            self.register_buffer("T", (T.T if anticausal else T).float().contiguous())  # (L, L)
 
     def forward(self, u: torch.Tensor) -> torch.Tensor:
-        return torch.matmul(self.T, u) + self.D * u  # (L, L) @ (B, L, d) → (B, L, d)
+        return torch.matmul(self.T, u)  # (L, L) @ (B, L, d) → (B, L, d)
 
 
 class ChunkedSSM(nn.Module):
@@ -97,10 +104,17 @@ class ChunkedSSM(nn.Module):
       s[k]        = Σ_j z^(c−1−j) u[k, j]                        chunk k's end state (N complex → 2N real)
       h[k]        = Σ_{j<k} z^(c(k−1−j)) s[j]                    states carried to the start of chunk k
       y[k, i]    += Re(Σ_n Ct_n z_n^(i+1) h_n[k])
-    The complex products are written as real block matrices, so each step is one MatMul.
+    The complex products are written as real block matrices, so each step is one MatMul. D·u is
+    folded into the diagonal of the intra-chunk matrix.
+
+    `anticausal` (flip(SSM(flip(u))) without flips): every lag runs the other way, so each constant
+    is its mirror: intra → introᵀ, a chunk's state is taken at its START (to_state's columns
+    reversed), carried from LATER chunks (each carry block transposed), and read out at distance
+    c − i (read's rows reversed). Exact: K[(j−k)·c + m − i] = Re Σ Ct z^(c−i) z^(c(j−k−1)) z^m. Zero
+    inputs past L still change nothing before L, so padding stays at the end.
     """
 
-    def __init__(self, ssm: S4dLayer, length: int, chunk: int):
+    def __init__(self, ssm: S4dLayer, length: int, chunk: int, anticausal: bool = False):
         super().__init__()
         self.length, self.chunk = length, chunk
         self.n_chunks = -(-length // chunk)
@@ -108,17 +122,21 @@ class ChunkedSSM(nn.Module):
             modes = ssm.kernel.modes()  # float64
             w = chunked_weights(modes, ssm.kernel(chunk), chunk, self.n_chunks)
             self.N = w.carry_re.shape[0]
+            intra = w.intra + ssm.D.double() * torch.eye(chunk, dtype=torch.float64)
+            to_state, carry_re, carry_im = w.to_state, w.carry_re, w.carry_im
+            read_re, read_im = w.from_state_re, w.from_state_im
+            if anticausal:
+                intra, to_state = intra.T, to_state.flip(1)
+                carry_re, carry_im = carry_re.transpose(1, 2), carry_im.transpose(1, 2)
+                read_re, read_im = read_re.flip(0), read_im.flip(0)
             # [h_re; h_im] = [[C_re, −C_im], [C_im, C_re]] · [s_re; s_im] per mode: (N, 2n, 2n)
-            carry = torch.cat(
-                [torch.cat([w.carry_re, -w.carry_im], dim=2), torch.cat([w.carry_im, w.carry_re], dim=2)], dim=1
-            )
+            carry = torch.cat([torch.cat([carry_re, -carry_im], dim=2), torch.cat([carry_im, carry_re], dim=2)], dim=1)
             # y += [F_re, −F_im] · [h_re; h_im]: (c, 2N)
-            read = torch.cat([w.from_state_re, -w.from_state_im], dim=1)
-            self.register_buffer("intra", w.intra.float())  # (c, c)
-            self.register_buffer("to_state", w.to_state.float())  # (2N, c)
+            read = torch.cat([read_re, -read_im], dim=1)
+            self.register_buffer("intra", intra.float().contiguous())  # (c, c)
+            self.register_buffer("to_state", to_state.float().contiguous())  # (2N, c)
             self.register_buffer("carry", carry.float())  # (N, 2n, 2n)
             self.register_buffer("read", read.float())  # (c, 2N)
-        self.D = ssm.D
 
     def forward(self, u: torch.Tensor) -> torch.Tensor:
         L, c, n, N = self.length, self.chunk, self.n_chunks, self.N
@@ -136,35 +154,97 @@ class ChunkedSSM(nn.Module):
         y = y.reshape(-1, n * c, d)  # (B, n·c, d)
         if n * c != L:
             y = y[:, :L]
-        return y + self.D * u
+        return y
 
 
-def frozen_ssm(ssm: S4dLayer, length: int, formulation: Formulation) -> nn.Module:
+def frozen_ssm(ssm: S4dLayer, length: int, formulation: Formulation, anticausal: bool = False) -> nn.Module:
     if formulation.name == "toeplitz":
-        return ToeplitzSSM(ssm, length)
+        return ToeplitzSSM(ssm, length, anticausal)
     if formulation.name == "chunked":
-        return ChunkedSSM(ssm, length, formulation.chunk)
+        return ChunkedSSM(ssm, length, formulation.chunk, anticausal)
     raise ValueError(f"no frozen SSM for formulation {formulation.name!r}")
+
+
+# --------------------------------------------------------------------------------------------
+# The gated layer without flips (docs/DESIGN.md §3.6)
+# --------------------------------------------------------------------------------------------
+
+
+class FlipFreeBiGSLayer(nn.Module):
+    """The export twin of one `BiGSLayer`: the same function without the flips.
+
+    The torch layer (docs/DESIGN.md §2.2) flips H, the padding mask and the backward branch's output
+    along the sequence: three copies of (B, L, d) a layer (ONNX Slice with step −1). Every per-token
+    op (Linear, GELU, the mask) commutes with the flip, so flip(SSM_b(GELU(flip(H) Wb))) =
+    SSM_b⁻(GELU(H Wb)), where SSM_b⁻ is the backward SSM read right to left: the anti-causal frozen
+    twin (`anticausal=True`, an upper-triangular Toeplitz or the mirrored chunked form). D·u is
+    folded into the SSM matrices (`ToeplitzSSM`). The Linears are the model's own (shared weights).
+
+    Not done, measured (docs/DESIGN.md §3.6): one (d, 2d + I) input projection for Wf, Wb and Wv
+    needs a Split of its (B, L, 2d + I) output, a copy that costs more than the MatMul launches it
+    saves. Exact up to float32 rounding order; tests/test_export.py holds it to the FFT reference.
+    """
+
+    def __init__(self, layer: BiGSLayer, length: int, formulation: Formulation):
+        super().__init__()
+        self.pre_norm = layer.pre_norm
+        self.mask_padding_in_ssm = layer.mask_padding_in_ssm
+        self.LayerNorm = layer.LayerNorm
+        self.fs4 = frozen_ssm(layer.fs4, length, formulation)
+        self.bs4 = frozen_ssm(layer.bs4, length, formulation, anticausal=True)
+        self.dv, self.du_forward, self.du_backward = layer.dv, layer.du_forward, layer.du_backward
+        self.duc_forward, self.duc_backward = layer.duc_forward, layer.duc_backward
+        self.dol, self.do = layer.dol, layer.do
+
+    def gated_ssm(self, H: torch.Tensor, real_tokens: torch.Tensor | None) -> torch.Tensor:
+        gelu = nn.functional.gelu
+        V, forward_in, backward_in = gelu(self.dv(H)), gelu(self.du_forward(H)), gelu(self.du_backward(H))
+        if real_tokens is not None and self.mask_padding_in_ssm:
+            keep = real_tokens.to(H.dtype)[..., None]  # (B, L, 1): pad positions feed neither direction
+            forward_in, backward_in = forward_in * keep, backward_in * keep
+        U = self.duc_forward(self.fs4(forward_in)) * self.duc_backward(self.bs4(backward_in))
+        return self.do(gelu(self.dol(U)) * V)
+
+    def forward(self, X: torch.Tensor, real_tokens: torch.Tensor | None = None) -> torch.Tensor:
+        if self.pre_norm:
+            return X + self.gated_ssm(self.LayerNorm(X), real_tokens)
+        return self.LayerNorm(X + self.gated_ssm(X, real_tokens))
 
 
 @contextlib.contextmanager
 def frozen_ssms(model: nn.Module, length: int, formulation: Formulation) -> Iterator[nn.Module]:
-    """Swap every S4dLayer (a gated layer's fs4/bs4, a stack block's ssm.self.fs4/bs4) for its frozen
-    twin at `length` while inside; restored on exit. A model with attention routing has none.
+    """Put every encoder layer in its export form at `length` while inside; restored on exit.
 
-    The swap shares every other parameter with `model` (no copy of a large model per bucket).
+    A gated layer with SSM routing is replaced by its `FlipFreeBiGSLayer` (SSMs frozen, flips gone); a
+    layer of another kind (docs/DESIGN.md §2.7) keeps its own code, with every S4dLayer it holds swapped
+    for its frozen twin (a model with attention routing has none). Both share every
+    parameter with `model` (no copy of a large model per bucket).
     """
+    layers = model.bigs.encoder.layer
+    originals = list(layers)
+    flip_free = {
+        i: FlipFreeBiGSLayer(layer, length, formulation)
+        for i, layer in enumerate(originals)
+        if type(layer) is BiGSLayer and layer.routing == "ssm"
+    }
+    # Every other layer's S4dLayers (a stack block's ssm.mixer.fs4/bs4) get their frozen twins in place.
     owners = [
         (owner, name, child)
-        for owner in model.modules()
+        for i, layer in enumerate(originals)
+        if i not in flip_free
+        for owner in layer.modules()
         for name, child in owner.named_children()
         if isinstance(child, S4dLayer)
     ]
     try:
+        for i, twin in flip_free.items():
+            layers[i] = twin
         for owner, name, ssm in owners:
             setattr(owner, name, frozen_ssm(ssm, length, formulation))
         yield model
     finally:
+        for i, layer in enumerate(originals):
+            layers[i] = layer
         for owner, name, ssm in owners:
             setattr(owner, name, ssm)
 

@@ -45,7 +45,7 @@ from .modules import Formulation, export_wrapper, formulation_for, frozen_ssms
 
 ONNX_OPSET = 20  # Gelu is a native op from opset 20
 # Models with attention routing (docs/DESIGN.md §2.7): from opset 23 the exporter writes
-# scaled_dot_product_attention as one ONNX `Attention` node, one kernel in ONNX Runtime (§3.6).
+# scaled_dot_product_attention as one ONNX `Attention` node, one kernel in ONNX Runtime (§3.7).
 ATTENTION_OPSET = 23
 WEIGHTS_FILE = "weights.bin"
 MIN_SHARED_BYTES = 1024  # smaller initializers stay inside each graph
@@ -84,29 +84,35 @@ def example_inputs(wrapper: torch.nn.Module, length: int, batch: int = 2, positi
 
 def torch_to_onnx(model: torch.nn.Module, length: int, formulation: Formulation, path: Path) -> None:
     """Export `model` (BiGSForMaskedLM / BiGSForSequenceClassification) for sequence length `length`."""
-    batch = torch.export.Dim("batch")
     with frozen_ssms(model, length, formulation):
         wrapper = export_wrapper(model)
-        args = example_inputs(wrapper, length)
-        dynamic = {name: {0: batch} for name in wrapper.input_names}
-        if MASK_POSITIONS in dynamic:
-            dynamic[MASK_POSITIONS][1] = torch.export.Dim("positions")
-        progress = io.StringIO()  # the exporter prints its steps to stdout even with verbose=False
-        with warnings.catch_warnings(), torch.no_grad(), contextlib.redirect_stdout(progress):
-            warnings.simplefilter("ignore")
-            torch.onnx.export(
-                wrapper,
-                args,
-                str(path),
-                dynamo=True,
-                opset_version=opset_for(model),
-                input_names=list(wrapper.input_names),
-                output_names=list(wrapper.output_names),
-                dynamic_shapes=dynamic,
-                external_data=True,
-                optimize=True,
-                verbose=False,
-            )
+        dynamo_export(wrapper, example_inputs(wrapper, length), path, opset_for(model))
+
+
+def dynamo_export(wrapper: torch.nn.Module, args: tuple, path: Path, opset: int = ONNX_OPSET) -> None:
+    """`torch.onnx.export` (dynamo, at `opset`) of a head wrapper (its `input_names`/`output_names`),
+    batch dynamic, weights as external data. Also how the benchmark exports its BERT baseline, so both
+    go through the same exporter."""
+    batch = torch.export.Dim("batch")
+    dynamic = {name: {0: batch} for name in wrapper.input_names}
+    if MASK_POSITIONS in dynamic:
+        dynamic[MASK_POSITIONS][1] = torch.export.Dim("positions")
+    progress = io.StringIO()  # the exporter prints its steps to stdout even with verbose=False
+    with warnings.catch_warnings(), torch.no_grad(), contextlib.redirect_stdout(progress):
+        warnings.simplefilter("ignore")
+        torch.onnx.export(
+            wrapper,
+            args,
+            str(path),
+            dynamo=True,
+            opset_version=opset,
+            input_names=list(wrapper.input_names),
+            output_names=list(wrapper.output_names),
+            dynamic_shapes=dynamic,
+            external_data=True,
+            optimize=True,
+            verbose=False,
+        )
 
 
 # --------------------------------------------------------------------------------------------

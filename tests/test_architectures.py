@@ -308,7 +308,7 @@ def test_export_equals_torch_at_every_bucket(row_exports, row):
 @pytest.mark.parametrize("row", ROW_IDS)
 def test_attention_is_one_onnx_attention_node_per_layer(row_exports, row):
     """Attention rows: the optimised graph runs each layer's attention as one ONNX `Attention` node
-    (no Softmax left); SSM rows have none (docs/DESIGN.md §3.6)."""
+    (no Softmax left); SSM rows have none (docs/DESIGN.md §3.7)."""
     model, _, _, manifest = row_exports[row]
     layers = model.config.num_hidden_layers
     for bucket in ROW_BUCKETS:

@@ -24,7 +24,15 @@ from safetensors.torch import save_file
 import bigs_cli
 from export.build import resolve_buckets
 from export.manifest import StableHLOArtifact
-from export.modules import ChunkedSSM, ToeplitzSSM, export_wrapper, formulation_for, frozen_ssms
+from export.modules import (
+    ChunkedSSM,
+    FlipFreeBiGSLayer,
+    Formulation,
+    ToeplitzSSM,
+    export_wrapper,
+    formulation_for,
+    frozen_ssms,
+)
 from export.onnx_runtime import load_sessions, map_weights
 from export.parity import error_ratio
 from export.stablehlo_runtime import load_stablehlo
@@ -118,6 +126,43 @@ def test_frozen_ssms_match_the_fft_reference(length):
         scale = reference.abs().max().item()
         for frozen in (ToeplitzSSM(ssm, length), ChunkedSSM(ssm, length, 128), ChunkedSSM(ssm, length, 256)):
             assert (frozen(u) - reference).abs().max().item() / scale < 1e-5, type(frozen).__name__
+
+
+@pytest.mark.parametrize("length", [128, 1000, 1024])
+def test_anticausal_frozen_ssms_are_the_flipped_reference(length):
+    """flip(SSM(flip(u))) without flips: Tᵀ, or the mirrored chunked constants (padding at the end)."""
+    model = make_model(ssm_formulation="fft")
+    ssm = model.bigs.encoder.layer[0].fs4
+    u = torch.randn(2, length, 64, generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        reference = torch.flip(ssm(torch.flip(u, dims=[1])), dims=[1])
+        scale = reference.abs().max().item()
+        for frozen in (
+            ToeplitzSSM(ssm, length, anticausal=True),
+            ChunkedSSM(ssm, length, 128, anticausal=True),
+            ChunkedSSM(ssm, length, 256, anticausal=True),
+        ):
+            assert (frozen(u) - reference).abs().max().item() / scale < 1e-5, type(frozen).__name__
+        # and it is not the causal one: the direction is visible at this tolerance
+        assert (ToeplitzSSM(ssm, length)(u) - reference).abs().max().item() / scale > 1e-2
+
+
+@pytest.mark.parametrize("formulation", [Formulation("toeplitz"), Formulation("chunked", 128)])
+def test_flip_free_layer_is_the_layer_with_padding(formulation):
+    """The export's layer (no flips, anti-causal backward SSM, D folded in) = the torch layer, padded rows too."""
+    model = make_model(ssm_formulation="fft")
+    X = torch.randn(2, 1000, 64, generator=torch.Generator().manual_seed(3))
+    real_tokens = torch.ones(2, 1000, dtype=torch.long)
+    real_tokens[1, 600:] = 0
+    with torch.no_grad():
+        for layer in model.bigs.encoder.layer:
+            twin = FlipFreeBiGSLayer(layer, 1000, formulation)
+            # the gated branch alone (the residual would dwarf an error in it), then the whole layer
+            H = layer.LayerNorm(X)
+            reference = layer.gated_ssm(H, real_tokens)
+            got = twin.gated_ssm(H, real_tokens)
+            assert (got - reference).abs().max().item() / reference.abs().max().item() < 1e-5
+            assert torch.allclose(twin(X, real_tokens), layer(X, real_tokens), atol=1e-5)
 
 
 def test_a_broken_chunk_carry_is_visible_at_the_tolerance():

@@ -111,7 +111,7 @@ class BiGSSelfAttention(nn.Module):
 
     Written with `F.scaled_dot_product_attention`: torch picks its fused kernel, and the ONNX exporter
     (opset 23) writes it as one ONNX `Attention` node per layer, which ONNX Runtime runs as one
-    kernel (docs/DESIGN.md §3.6).
+    kernel (docs/DESIGN.md §3.7).
     """
 
     def __init__(self, config: BiGSConfig):

@@ -1,0 +1,100 @@
+"""`bigs bench compare` end to end in its --quick form (tiny BiGS and BERT, a real `bigs serve`), and
+the pieces it rests on: the profile's categories, the report section that replaces only itself.
+No timing is asserted: the figures are a benchmark's (docs/BENCHMARKS.md)."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from onnx import helper
+
+from bench.compare import BEGIN, END, PLOT_NAME, variants_of, write_section
+from bench.graph_profile import categorize
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def test_a_matmul_is_told_apart_by_which_operand_is_the_constant():
+    constants = {"W", "T"}
+    assert categorize(helper.make_node("MatMul", ["x", "W"], ["y"]), constants) == "weight MatMul"
+    assert categorize(helper.make_node("MatMul", ["T", "x"], ["y"]), constants) == "SSM MatMul"
+    assert categorize(helper.make_node("MatMul", ["q", "k"], ["y"]), constants) == "attention MatMul"
+    assert categorize(helper.make_node("BiasGelu", ["x", "b"], ["y"], domain="com.microsoft"), constants) == "GELU"
+    assert categorize(helper.make_node("Split", ["x"], ["a", "b"]), constants) == "layout"
+    assert categorize(helper.make_node("Mul", ["x", "z"], ["y"]), constants) == "elementwise"
+
+
+def test_the_section_is_replaced_and_the_rest_of_the_file_kept(tmp_path):
+    out = tmp_path / "BENCHMARKS.md"
+    out.write_text("# Benchmarks\n\n## Memory\n\nkept above\n")
+    write_section(out, f"{BEGIN}\nfirst\n{END}")
+    text = out.read_text() + "\n## Soak\n\nkept below\n"
+    out.write_text(text)
+    write_section(out, f"{BEGIN}\nsecond\n{END}")
+    text = out.read_text()
+    assert "kept above" in text and "kept below" in text
+    assert "second" in text and "first" not in text
+    assert text.count(BEGIN) == text.count(END) == 1
+
+
+def _table_rows(text: str, heading: str) -> list[list[str]]:
+    """The body rows of the first markdown table after `heading`, as cells."""
+    lines = text.split(heading, 1)[1].splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("|"))
+    end = next((i for i in range(start, len(lines)) if not lines[i].startswith("|")), len(lines))
+    return [[cell.strip() for cell in row.strip("|").split("|")] for row in lines[start + 2 : end]]
+
+
+@pytest.mark.slow
+def test_quick_compare_writes_every_table_and_the_plot(tmp_path):
+    out = tmp_path / "docs" / "BENCHMARKS.md"
+    out.parent.mkdir()
+    out.write_text("# Benchmarks\n\n## Resident memory\n\nunchanged\n")
+    work = tmp_path / "work"
+    command = [sys.executable, "-m", "bigs_cli", "bench", "compare", "--quick", "--out", str(out), "--work-dir", str(work)]  # fmt: skip
+    run = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=1500)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert "estimated run time" in run.stderr
+
+    text = out.read_text()
+    assert "## Resident memory\n\nunchanged" in text
+    assert BEGIN in text and END in text
+    assert (out.parent / PLOT_NAME).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "Model name" not in text and "flags:" in text  # lscpu's model and flags, summarised
+
+    # every precision the export holds, both models, both lengths, batch 1: a time, a floor, a speed-up
+    variants = variants_of(work / "bigs-export")
+    assert variants[:2] == ["fp32", "int8"]
+    for variant in variants:
+        rows = _table_rows(text, f"**{variant}, batch 1**")
+        assert [r[0] for r in rows] == ["128", "256"]
+        for row in rows:
+            bigs_ms, bigs_floor, bert_ms, bert_floor, speedup = row[1], row[2], row[4], row[5], row[7]
+            for value in (bigs_ms, bigs_floor, bert_ms, bert_floor):
+                assert float(value.replace(",", "")) > 0, row
+            assert re.fullmatch(r"\d+\.\d\dx", speedup), row
+
+    # the profile splits BiGS' time: dense MatMuls and its SSM MatMuls both present
+    profile = _table_rows(text, "### Where the time goes")
+    bigs_rows = [r for r in profile if r[0] == "BiGS fp32"]
+    assert len(bigs_rows) == 2
+    for row in bigs_rows:
+        weight, attention, ssm = (float(v.rstrip("%")) for v in row[2:5])
+        assert weight > 0 and ssm > 0 and attention == 0
+
+    # the real service answered at every concurrency, batching on and off
+    batching = _table_rows(text, "### Batching")
+    assert [r[0] for r in batching] == ["1", "8"]
+    for row in batching:
+        assert float(row[1]) > 0 and float(row[3]) > 0, row
+
+
+def test_bench_compare_is_a_bigs_bench_command():
+    run = subprocess.run([sys.executable, "-m", "bigs_cli", "bench", "compare", "--help"], cwd=REPO,
+                         capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert run.returncode == 0, run.stderr
+    assert "--quick" in run.stdout and "--budget-minutes" in run.stdout
