@@ -76,6 +76,9 @@ def startup(exports, logs):
                     seen["classify_while_warming"].append(answer)
 
     server.wait_ready(on_poll=watch)
+    # wait_ready's own poll may be the first 200 (ready between watch's poll and it): record the state now.
+    with httpx.Client(base_url=server.url, timeout=5) as client:
+        seen["ready"].append(client.get("/ready").status_code)
     yield server, seen
     server.stop()
 
