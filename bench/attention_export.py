@@ -37,6 +37,7 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     import export.onnx as export_onnx
+    from export.cpu import cpu_description
     from export.modules import formulation_for
     from model import BiGSConfig, BiGSForMaskedLM
 
@@ -47,14 +48,7 @@ def main(argv: list[str] | None = None) -> int:
     )  # fmt: skip
     torch.manual_seed(0)
     model = BiGSForMaskedLM(config).eval()
-    cpu = next(
-        (
-            line.split(":", 1)[1].strip()
-            for line in Path("/proc/cpuinfo").read_text().splitlines()
-            if "model name" in line
-        ),
-        "unknown CPU",
-    )
+    cpu = cpu_description()
     print(f"{cpu}, {args.threads} threads; d=256, 4 layers, 4 heads, batch 1, 1/4 padded")
     forms = {"op-by-op (opset 20)": export_onnx.ONNX_OPSET, "Attention (opset 23)": export_onnx.ATTENTION_OPSET}
     with tempfile.TemporaryDirectory() as tmp:

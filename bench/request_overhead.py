@@ -21,7 +21,6 @@ import argparse
 import asyncio
 import json
 import os
-import platform
 import socket
 import statistics
 import subprocess
@@ -29,6 +28,8 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+
+from export.cpu import cpu_description
 
 TINY = {
     "/v1/embed": {"inputs": "the cat sat on the mat"},
@@ -138,16 +139,6 @@ async def measure(port: int, request: bytes, concurrency: int, seconds: float, p
     return counts[0] / elapsed, cpu * 1000 / max(counts[0], 1)
 
 
-def cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown CPU"
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", type=Path, required=True, help="an export dir")
@@ -183,7 +174,7 @@ def main() -> None:
                 v.proc.wait(60)
 
     print(f"\n{args.path}, tiny request {json.dumps(TINY[args.path])}; {args.rounds} interleaved rounds of "
-          f"{args.seconds:g} s; {cpu_name()}, {os.cpu_count()} cores; median req/s (ratio to {variants[0].name})\n")  # fmt: skip
+          f"{args.seconds:g} s; {cpu_description()}, {os.cpu_count()} cores; median req/s (ratio to {variants[0].name})\n")  # fmt: skip
     print("| concurrency | " + " | ".join(v.name for v in variants) + " |")
     print("|---|" + "---|" * len(variants))
     for c in args.concurrency:

@@ -15,7 +15,7 @@ import logging
 import logging.config
 import time
 
-from bench.request_overhead import cpu_name
+from export.cpu import cpu_description
 from service import logs
 from service.metrics import ServiceMetrics
 from service.telemetry import Telemetry
@@ -98,7 +98,7 @@ def main() -> None:
     for _ in range(3):  # interleaved: the machine's noise falls on every case alike
         for name, case in cases.items():
             results[name].append(case())
-    print(f"per-request cost, microseconds (best of 3 x 5 runs of {N:,}); {cpu_name()}")
+    print(f"per-request cost, microseconds (best of 3 x 5 runs of {N:,}); {cpu_description()}")
     base = min(results["before: 2 metrics + uvicorn's access line"])
     for name, values in results.items():
         print(f"  {name:45s} {min(values):6.1f}  ({min(values) / base:.2f}x)")

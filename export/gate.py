@@ -32,6 +32,7 @@ from importlib import resources
 
 import numpy as np
 
+from .cpu import cpu_description
 from .heads import MASK_POSITIONS
 from .manifest import GateMeasured, GateThresholds, Manifest
 
@@ -153,13 +154,6 @@ VARIANT_HOW = {
     "bf16": "OpenVINO CPU, the fp32 graphs at INFERENCE_PRECISION_HINT=bf16 (AMX or AVX512_BF16 products, "
     "fp32 accumulation; export/openvino_runtime.py)",
 }
-
-
-def cpu_description() -> str:
-    from service.cpu_features import FLAG_NAMES, cpu_flags, cpu_model_name
-
-    flags = [FLAG_NAMES[f] for f in FLAG_NAMES if f in cpu_flags()]
-    return f"{cpu_model_name() or 'unknown CPU'} ({', '.join(flags) or 'no VNNI, BF16 or AMX'})"
 
 
 def ort_runner(sessions) -> RunBatch:

@@ -39,6 +39,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # run as a script from a checkout: `export` is the repo's package
+
+from export.cpu import cpu_description  # noqa: E402
+
 RECIPES = ROOT / "training" / "recipes"
 ROWS = ("gated-ssm", "gated-attention", "stack-ssm", "stack-attention")
 BASELINE = "gated-ssm"
@@ -141,16 +144,6 @@ def measure_latency(exports: dict[str, Path], reps: int, threads: int) -> dict[s
     return {row: {b: 1e3 * statistics.median(v) for b, v in per.items()} for row, per in times.items()}
 
 
-def cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
 def percent(x: float | None) -> str:
     return "–" if x is None else f"{100 * x:.1f}%"
 
@@ -208,7 +201,7 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         parser.error(f"unknown rows {unknown}; rows are {', '.join(ROWS)}")
     args.out.mkdir(parents=True, exist_ok=True)
-    environment = {"cpu": cpu_name(), "cores": os.cpu_count(), "python": platform.python_version()}
+    environment = {"cpu": cpu_description(), "cores": os.cpu_count(), "python": platform.python_version()}
     started = time.time()
     results, exports = [], {}
     for row in rows:

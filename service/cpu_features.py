@@ -23,11 +23,11 @@ the weight products.
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Literal
+
+from export.cpu import FLAG_NAMES, cpu_flags, cpu_model_name  # noqa: F401  (the CPU, read in one place)
 
 Precision = Literal["fp32", "int8", "bf16"]
 PrecisionSetting = Literal["auto", "fp32", "int8", "bf16"]
@@ -38,13 +38,6 @@ PRECISION_FLAGS = ("amx_bf16", "amx_int8", "avx512_vnni", "avx_vnni", "avx512_bf
 FAST_WITH: dict[Precision, tuple[str, ...]] = {
     "int8": ("amx_int8", "avx512_vnni", "avx_vnni"),
     "bf16": ("amx_bf16",),
-}
-FLAG_NAMES = {
-    "amx_bf16": "AMX-BF16",
-    "amx_int8": "AMX-INT8",
-    "avx512_vnni": "AVX512-VNNI",
-    "avx_vnni": "AVX-VNNI",
-    "avx512_bf16": "AVX512-BF16",
 }
 
 
@@ -128,32 +121,6 @@ def choose_precision(
 def fast_flag(precision: Precision, flags: frozenset[str]) -> str | None:
     """The first flag that makes `precision` fast on this CPU, or None."""
     return next((f for f in FAST_WITH.get(precision, ()) if f in flags), None)
-
-
-@functools.cache
-def cpu_flags(cpuinfo: str = "/proc/cpuinfo") -> frozenset[str]:
-    """The CPU's feature flags (the first processor's `flags` line); empty where there is no cpuinfo."""
-    try:
-        text = Path(cpuinfo).read_text()
-    except OSError:
-        return frozenset()
-    for line in text.splitlines():
-        key, _, value = line.partition(":")
-        if key.strip() == "flags":
-            return frozenset(value.split())
-    return frozenset()
-
-
-def cpu_model_name(cpuinfo: str = "/proc/cpuinfo") -> str | None:
-    try:
-        text = Path(cpuinfo).read_text()
-    except OSError:
-        return None
-    for line in text.splitlines():
-        key, _, value = line.partition(":")
-        if key.strip() == "model name":
-            return value.strip()
-    return None
 
 
 def variant_statuses(manifest) -> dict[Precision, VariantStatus]:
