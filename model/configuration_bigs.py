@@ -134,6 +134,11 @@ class BiGSConfig(PretrainedConfig):
         self.routing = routing
         self.num_attention_heads = num_attention_heads
 
+    @property
+    def classifier_dropout_rate(self) -> float:
+        """The dropout before a classifier head (torch and Flax): `classifier_dropout`, else `hidden_dropout_prob`."""
+        return self.classifier_dropout if self.classifier_dropout is not None else self.hidden_dropout_prob
+
     def save_pretrained(self, save_directory, push_to_hub: bool = False, **kwargs):
         """config.json as transformers writes it, then the model code and `auto_map` beside it
         (model/hub.py), so the dir loads in transformers with the project not installed."""

@@ -467,8 +467,7 @@ class FlaxBiGSForSequenceClassificationModule(nn.Module):
         _, pooled, all_hidden = FlaxBiGSModule(c, dtype=self.dtype, name="s4_bert")(
             input_ids, attention_mask, token_type_ids, position_ids, deterministic, output_hidden_states
         )
-        rate = c.classifier_dropout if c.classifier_dropout is not None else c.hidden_dropout_prob
-        pooled = nn.Dropout(rate=rate)(pooled, deterministic=deterministic)
+        pooled = nn.Dropout(rate=c.classifier_dropout_rate)(pooled, deterministic=deterministic)
         logits = nn.Dense(c.num_labels, dtype=self.dtype, name="classifier")(pooled)
         return (logits, all_hidden) if output_hidden_states else logits
 
@@ -525,7 +524,6 @@ class FlaxBiGSForTokenClassificationModule(nn.Module):
         X, _, all_hidden = FlaxBiGSModule(c, dtype=self.dtype, add_pooling_layer=False, name="s4_bert")(
             input_ids, attention_mask, token_type_ids, position_ids, deterministic, output_hidden_states
         )
-        rate = c.classifier_dropout if c.classifier_dropout is not None else c.hidden_dropout_prob
-        X = nn.Dropout(rate=rate)(X, deterministic=deterministic)
+        X = nn.Dropout(rate=c.classifier_dropout_rate)(X, deterministic=deterministic)
         logits = nn.Dense(c.num_labels, dtype=self.dtype, name="classifier")(X)
         return (logits, all_hidden) if output_hidden_states else logits

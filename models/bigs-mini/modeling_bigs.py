@@ -457,6 +457,13 @@ class BiGSModel(BiGSPreTrainedModel):
 # ------------------------------------------------------------------------------------------
 
 
+def plain_outputs(loss: torch.Tensor | None, outputs: tuple, hidden_states) -> tuple:
+    """A head's answer with `return_dict=False`, in transformers' order: the loss (if computed), the
+    head's outputs, the hidden states (if asked for)."""
+    out = outputs + ((hidden_states,) if hidden_states is not None else ())
+    return ((loss,) + out) if loss is not None else out
+
+
 class BiGSPredictionHeadTransform(nn.Module):
     def __init__(self, config: BiGSConfig):
         super().__init__()
@@ -549,8 +556,7 @@ class BiGSForMaskedLM(BiGSPreTrainedModel):
         if labels is not None:
             loss = CrossEntropyLoss()(logits.reshape(-1, self.config.vocab_size), labels.reshape(-1))
         if not return_dict:
-            out = (logits,) + ((outputs.hidden_states,) if outputs.hidden_states is not None else ())
-            return ((loss,) + out) if loss is not None else out
+            return plain_outputs(loss, (logits,), outputs.hidden_states)
         return MaskedLMOutput(loss=loss, logits=logits, hidden_states=outputs.hidden_states)
 
 
@@ -563,8 +569,7 @@ class BiGSForSequenceClassification(BiGSPreTrainedModel):
         super().__init__(config)
         self.num_labels = config.num_labels
         self.bigs = BiGSModel(config, add_pooling_layer=True)
-        dropout = config.classifier_dropout if config.classifier_dropout is not None else config.hidden_dropout_prob
-        self.dropout = nn.Dropout(dropout)
+        self.dropout = nn.Dropout(config.classifier_dropout_rate)
         self.classifier = nn.Linear(config.hidden_size, config.num_labels)
         self.post_init()
 
@@ -592,8 +597,7 @@ class BiGSForSequenceClassification(BiGSPreTrainedModel):
         logits = self.classifier(self.dropout(outputs.pooler_output))  # (B, num_labels)
         loss = None if labels is None else self.loss(logits, labels)
         if not return_dict:
-            out = (logits,) + ((outputs.hidden_states,) if outputs.hidden_states is not None else ())
-            return ((loss,) + out) if loss is not None else out
+            return plain_outputs(loss, (logits,), outputs.hidden_states)
         return SequenceClassifierOutput(loss=loss, logits=logits, hidden_states=outputs.hidden_states)
 
     def loss(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
@@ -664,8 +668,7 @@ class BiGSForQuestionAnswering(BiGSPreTrainedModel):
             cross_entropy = CrossEntropyLoss(ignore_index=ignored)
             loss = (cross_entropy(start_logits, start) + cross_entropy(end_logits, end)) / 2
         if not return_dict:
-            out = (start_logits, end_logits) + ((outputs.hidden_states,) if outputs.hidden_states is not None else ())
-            return ((loss,) + out) if loss is not None else out
+            return plain_outputs(loss, (start_logits, end_logits), outputs.hidden_states)
         return QuestionAnsweringModelOutput(
             loss=loss, start_logits=start_logits, end_logits=end_logits, hidden_states=outputs.hidden_states
         )
@@ -683,8 +686,7 @@ class BiGSForTokenClassification(BiGSPreTrainedModel):
         super().__init__(config)
         self.num_labels = config.num_labels
         self.bigs = BiGSModel(config)
-        dropout = config.classifier_dropout if config.classifier_dropout is not None else config.hidden_dropout_prob
-        self.dropout = nn.Dropout(dropout)
+        self.dropout = nn.Dropout(config.classifier_dropout_rate)
         self.classifier = nn.Linear(config.hidden_size, config.num_labels)
         self.post_init()
 
@@ -714,6 +716,5 @@ class BiGSForTokenClassification(BiGSPreTrainedModel):
         if labels is not None:
             loss = CrossEntropyLoss()(logits.view(-1, self.num_labels), labels.view(-1))  # ignore_index -100
         if not return_dict:
-            out = (logits,) + ((outputs.hidden_states,) if outputs.hidden_states is not None else ())
-            return ((loss,) + out) if loss is not None else out
+            return plain_outputs(loss, (logits,), outputs.hidden_states)
         return TokenClassifierOutput(loss=loss, logits=logits, hidden_states=outputs.hidden_states)
