@@ -45,6 +45,16 @@ def _not_blank(text: str) -> str:
     return _encodable(text)
 
 
+def _text_or_texts(value: str | list[str]) -> str | list[str]:
+    """`inputs` that is one text or a non-empty list of texts, none of them blank."""
+    items = [value] if isinstance(value, str) else value
+    if not items:
+        raise ValueError("inputs is an empty list")
+    for text in items:
+        _not_blank(text)
+    return value
+
+
 class TextPair(_Body):
     text: str
     text_pair: str | None = None
@@ -79,11 +89,7 @@ class FillMaskRequest(_Body):
     @field_validator("inputs")
     @classmethod
     def check_inputs(cls, value):
-        for text in [value] if isinstance(value, str) else value:
-            _not_blank(text)
-        if isinstance(value, list) and not value:
-            raise ValueError("inputs is an empty list")
-        return value
+        return _text_or_texts(value)
 
 
 class ClassifyParameters(_Body):
@@ -132,12 +138,7 @@ class EmbedRequest(_Body):
     @field_validator("inputs")
     @classmethod
     def check_inputs(cls, value):
-        items = [value] if isinstance(value, str) else value
-        if not items:
-            raise ValueError("inputs is an empty list")
-        for text in items:
-            _not_blank(text)
-        return value
+        return _text_or_texts(value)
 
 
 class QuestionContext(_Body):
@@ -199,12 +200,7 @@ class TokenClassificationRequest(_Body):
     @field_validator("inputs")
     @classmethod
     def check_inputs(cls, value):
-        items = [value] if isinstance(value, str) else value
-        if not items:
-            raise ValueError("inputs is an empty list")
-        for text in items:
-            _not_blank(text)
-        return value
+        return _text_or_texts(value)
 
 
 class TokenEntity(BaseModel):
