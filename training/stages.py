@@ -298,6 +298,38 @@ def _fine_tuned_params(module, source_params: dict, seed: int) -> dict:
     return restrict_to(backbone_from(source_params, fresh), fresh)
 
 
+def _fine_tune(
+    config: TrainConfig,
+    started: float,
+    model_config,
+    module,
+    source_params: dict,
+    train_set,
+    eval_set,
+    data_card: dict,
+    tokenizer,
+    *,
+    architecture: str,
+    apply_fn,
+    eval_metrics,
+) -> Path:
+    """A per-token head fine-tuned from `config.init_from`: its labelled batches, the classification
+    loss (over every labelled position; -100 is not counted), then the artifact dir and its card."""
+    task = TrainTask(
+        apply_fn=apply_fn,
+        params=_fine_tuned_params(module, source_params, config.seed),
+        loss_sums=classification_loss_sums,
+        train_batch=labelled_batch_source(train_set, config.batch_size, config.seed),
+        eval_batches=labelled_eval_batches(eval_set, config.batch_size),
+        eval_metrics=eval_metrics,
+    )
+    trainer = Trainer(config, task)
+    held_out_metrics = trainer.fit()
+    card = _card(config, trainer, data_card, held_out_metrics, started)
+    card["fine_tuned_from"] = str(config.init_from)
+    return _finish(config, trainer, model_config, architecture, card, tokenizer)
+
+
 def _question_answering(config: TrainConfig, started: float) -> Path:
     model_config, source_params = load_artifact(config.init_from)
     max_length = min(config.data.seq_len, model_config.max_position_embeddings)
@@ -329,19 +361,10 @@ def _question_answering(config: TrainConfig, started: float) -> Path:
         golds = [[t for t, _ in e.answers] or [""] for e in eval_set.examples]
         return {f"eval_{k}": v for k, v in squad_scores(answers, golds).items()}
 
-    task = TrainTask(
-        apply_fn=apply_fn,
-        params=_fine_tuned_params(module, source_params, config.seed),
-        loss_sums=classification_loss_sums,
-        train_batch=labelled_batch_source(train_set, config.batch_size, config.seed),
-        eval_batches=labelled_eval_batches(eval_set, config.batch_size),
-        eval_metrics=eval_metrics,
-    )
-    trainer = Trainer(config, task)
-    held_out_metrics = trainer.fit()
-    card = _card(config, trainer, data_card, held_out_metrics, started)
-    card["fine_tuned_from"] = str(config.init_from)
-    return _finish(config, trainer, model_config, "BiGSForQuestionAnswering", card, tokenizer)
+    return _fine_tune(
+        config, started, model_config, module, source_params, train_set, eval_set, data_card, tokenizer,
+        architecture="BiGSForQuestionAnswering", apply_fn=apply_fn, eval_metrics=eval_metrics,
+    )  # fmt: skip
 
 
 def _token_classification(config: TrainConfig, started: float) -> Path:
@@ -370,19 +393,10 @@ def _token_classification(config: TrainConfig, started: float) -> Path:
                 predicted.append([names[i] for i in guesses[first_pieces]])
         return {f"eval_{k}": v for k, v in entity_f1(gold, predicted).items()}
 
-    task = TrainTask(
-        apply_fn=module.apply,
-        params=_fine_tuned_params(module, source_params, config.seed),
-        loss_sums=classification_loss_sums,  # over every labelled position; -100 is not counted
-        train_batch=labelled_batch_source(train_set, config.batch_size, config.seed),
-        eval_batches=labelled_eval_batches(eval_set, config.batch_size),
-        eval_metrics=eval_metrics,
-    )
-    trainer = Trainer(config, task)
-    held_out_metrics = trainer.fit()
-    card = _card(config, trainer, data_card, held_out_metrics, started)
-    card["fine_tuned_from"] = str(config.init_from)
-    return _finish(config, trainer, model_config, "BiGSForTokenClassification", card, tokenizer)
+    return _fine_tune(
+        config, started, model_config, module, source_params, train_set, eval_set, data_card, tokenizer,
+        architecture="BiGSForTokenClassification", apply_fn=module.apply, eval_metrics=eval_metrics,
+    )  # fmt: skip
 
 
 def _card(config: TrainConfig, trainer: Trainer, data_card: dict, held_out: dict, started: float) -> dict:
