@@ -214,7 +214,8 @@ def summary(manifest: Manifest, out_dir: str | Path) -> str:
     lines.append(f"  heads {', '.join(manifest.heads)}; buckets {manifest.buckets}")
     if manifest.onnx is not None:
         for bucket, e in manifest.onnx.buckets.items():
-            form = e.ssm_formulation + (f" (chunk {e.chunk})" if e.chunk else "")
+            form = "attention (no SSM)" if e.ssm_formulation is None else e.ssm_formulation
+            form += f" (chunk {e.chunk})" if e.chunk else ""
             line = f"  onnx {bucket:>5}: {form:<20} {parity.describe(e)}"
             if e.int8 is not None and e.int8.accuracy is not None:
                 acc = e.int8.accuracy

@@ -94,7 +94,7 @@ class Int8Accuracy(_Section):
 
 class OnnxGraph(Measured):
     file: str
-    ssm_formulation: str
+    ssm_formulation: str | None  # None: attention routing, no SSM
     chunk: int | None
     shared_initializers: list[str]
     op_types: dict[str, int]

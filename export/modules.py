@@ -56,17 +56,21 @@ CHUNK_128_MAX_LENGTH = 2048
 
 @dataclass(frozen=True)
 class Formulation:
-    """How one bucket computes its SSM convolutions: "toeplitz", or "chunked" with `chunk`."""
+    """How one bucket computes its SSM convolutions: "toeplitz", or "chunked" with `chunk`; `name` None for
+    a model with attention routing, which has no SSM (docs/DESIGN.md §2.7)."""
 
-    name: str
+    name: str | None
     chunk: int | None = None
 
     def as_dict(self) -> dict:
         return {"ssm_formulation": self.name, "chunk": self.chunk}
 
 
-def formulation_for(length: int) -> Formulation:
-    """The fastest measured form on ORT CPU for sequence length `length` (docs/DESIGN.md §3 tables)."""
+def formulation_for(length: int, routing: str = "ssm") -> Formulation:
+    """The fastest measured form on ORT CPU for sequence length `length` (docs/DESIGN.md §3 tables); none
+    for attention routing, so the manifest records no SSM form for a model that has no SSM."""
+    if routing != "ssm":
+        return Formulation(None)
     if length <= TOEPLITZ_MAX_LENGTH:
         return Formulation("toeplitz")
     return Formulation("chunked", 128 if length <= CHUNK_128_MAX_LENGTH else 256)

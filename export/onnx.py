@@ -345,7 +345,7 @@ def export_onnx(model: torch.nn.Module, buckets: list[int], onnx_dir: Path, quan
     with tempfile.TemporaryDirectory(prefix="bigs-onnx-") as tmp:
         tmp = Path(tmp)
         for length in buckets:
-            formulation = formulation_for(length)
+            formulation = formulation_for(length, model.config.routing)
             raw, optimized = tmp / f"{length}.raw.onnx", tmp / f"{length}.opt.onnx"
             torch_to_onnx(model, length, formulation, raw)
             ort_optimize(raw, optimized)

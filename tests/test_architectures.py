@@ -16,6 +16,7 @@ import transformers
 from test_modeling_flax import flax_logits, torch_logits
 from test_modeling_torch import all_outputs, max_diff_at_real_tokens, one_row, padded_batch
 
+from export.modules import formulation_for
 from model import BiGSConfig, BiGSForMaskedLM, BiGSForSequenceClassification
 from model.convert import flax_to_torch, torch_to_flax
 from model.modeling_bigs import BiGSLayer, BiGSStackLayer
@@ -308,15 +309,19 @@ def test_export_equals_torch_at_every_bucket(row_exports, row):
 @pytest.mark.parametrize("row", ROW_IDS)
 def test_attention_is_one_onnx_attention_node_per_layer(row_exports, row):
     """Attention rows: the optimised graph runs each layer's attention as one ONNX `Attention` node
-    (no Softmax left); SSM rows have none (docs/DESIGN.md §3.7)."""
+    (no Softmax left) and its manifest records no SSM form; SSM rows have none, and record their form
+    (docs/DESIGN.md §3.7)."""
     model, _, _, manifest = row_exports[row]
     layers = model.config.num_hidden_layers
     for bucket in ROW_BUCKETS:
-        ops = manifest["onnx"]["buckets"][str(bucket)]["op_types"]
+        entry = manifest["onnx"]["buckets"][str(bucket)]
+        ops = entry["op_types"]
         if model.config.routing == "attention":
             assert ops.get("Attention") == layers and "Softmax" not in ops, ops
+            assert entry["ssm_formulation"] is None and entry["chunk"] is None, entry
         else:
             assert "Attention" not in ops and "Softmax" not in ops, ops
+            assert entry["ssm_formulation"] == formulation_for(bucket).name, entry
 
 
 @pytest.mark.slow
