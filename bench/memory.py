@@ -1,11 +1,11 @@
 """Resident memory of `bigs serve` with one process-wide ONNX Runtime arena against an arena per
 session, side by side in one run, with the latency each gives.
 
-    bigs bench memory --model NAME=EXPORT_DIR [--model …] [--rounds 2]
+    bigs bench memory --model NAME=EXPORT_DIR [--model …] [--rounds 2] [--precision auto]
 
 Per round and per setting (`BIGS_ORT_SHARED_ARENA` true / false, alternating, each in a fresh
-process): start `bigs serve` with warm-up on, read `process_resident_memory_bytes` from /metrics
-once ready; time short requests (median of 20) and long documents near the model's maximum length
+process, at `--precision`: by default what `auto` serves on this CPU, which the table names): start
+`bigs serve` with warm-up on, read `process_resident_memory_bytes` from /metrics once ready; time short requests (median of 20) and long documents near the model's maximum length
 (median of 5); send the largest requests the defaults allow (64 documents at the maximum length;
 8 fill-mask inputs of half the maximum length) and read resident memory again. Prints a table with
 the per-session / shared ratios. The CPU it ran on is printed first: record it beside any figure.
@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import platform
 import random
 import signal
 import socket
@@ -27,18 +26,10 @@ from pathlib import Path
 
 import httpx
 
+from export.cpu import cpu_description
+
 ROOT = Path(__file__).resolve().parents[1]
 WORDS = "the cat sat on mat a dog ran in park we saw bird fly over river and tree under blue sky".split()  # noqa: SIM905
-
-
-def cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return f"{line.split(':', 1)[1].strip()}, {os.cpu_count()} cores"
-    except OSError:
-        pass
-    return f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores"
 
 
 def text(n_tokens: int, rng: random.Random, mask: bool = False) -> str:
@@ -72,11 +63,11 @@ def median_ms(client: httpx.Client, path: str, body: dict, times: int) -> float:
     return statistics.median(samples) * 1000
 
 
-def measure(models: list[str], shared: bool) -> dict:
+def measure(models: list[str], shared: bool, precision: str) -> dict:
     port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("BIGS_")}
     env.update(BIGS_MODELS=" ".join(models), BIGS_PORT=str(port), BIGS_ORT_SHARED_ARENA=str(shared).lower(),
-               BIGS_ACCESS_LOG="false", PYTHONPATH=str(ROOT))  # fmt: skip
+               BIGS_PRECISION=precision, BIGS_ACCESS_LOG="false", PYTHONPATH=str(ROOT))  # fmt: skip
     proc = subprocess.Popen([sys.executable, "-m", "bigs_cli", "serve"], cwd=ROOT, env=env,
                             stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)  # fmt: skip
     rng = random.Random(0)
@@ -93,7 +84,9 @@ def measure(models: list[str], shared: bool) -> dict:
                     pass
                 time.sleep(0.5)
             result = {"ready_s": time.perf_counter() - started, "ready_mb": resident_mb(client)}
-            cards = {task: card for card in reversed(client.get("/v1/models").json()["data"]) for task in card["tasks"]}
+            served = client.get("/v1/models").json()["data"]
+            result["precision"] = ", ".join(f"{card['id']} {card.get('precision')}" for card in served)
+            cards = {task: card for card in reversed(served) for task in card["tasks"]}
             if "classification" in cards:
                 card = cards["classification"]
                 longest = card["max_length"] - 8
@@ -119,12 +112,14 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="bigs bench memory", description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", action="append", required=True, help="NAME=EXPORT_DIR (repeat)")
     parser.add_argument("--rounds", type=int, default=2, help="alternating rounds of the two settings")
+    parser.add_argument("--precision", default="auto", help="BIGS_PRECISION of the server (auto, fp32, int8, bf16)")
     args = parser.parse_args(argv)
-    print(f"CPU: {cpu_model()}; models: {' '.join(args.model)}", flush=True)
+    print(f"CPU: {cpu_description()}, {os.cpu_count()} cores; models: {' '.join(args.model)}; "
+          f"precision {args.precision}", flush=True)  # fmt: skip
     runs: dict[bool, list[dict]] = {True: [], False: []}
     for round_ in range(args.rounds):
         for shared in (True, False):
-            runs[shared].append(measure(args.model, shared))
+            runs[shared].append(measure(args.model, shared, args.precision))
             print(f"round {round_ + 1}, shared arena {shared}: {runs[shared][-1]}", flush=True)
     keys = ["ready_mb", "after_large_mb", "short_ms", "long_ms", "ready_s"]
     print("\n| measure (median over rounds) | shared arena | arena per session | per session / shared |")
