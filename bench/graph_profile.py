@@ -2,7 +2,8 @@
 
     profile = profile_graph(session_factory, feeds, runs=3)   # ORT's own profiler, per node
     profile.by_category()                                     # {"weight MatMul": ms, "SSM MatMul": ms, …}
-    floor_ms = dense_floor_ms(profile, variant="fp32")        # the same MatMuls, each alone in a graph
+    floor = dense_floor(profile, "fp32")                      # the same MatMuls, each alone in a graph
+    floor = dense_floor(profile, "bf16", graphs="fp32", runtime="openvino")  # … through OpenVINO at bf16
 
 Every node of a graph falls in one category:
 
@@ -17,9 +18,19 @@ Every node of a graph falls in one category:
 
 The dense-FLOP floor of a graph is what its dense MatMuls (weight + attention) cost when nothing
 else runs: every such node's shape, read from the profile, is timed alone in a one-node graph of
-the same precision (fp32: MatMul; int8: the same graph through `quantize_dynamic`), in the same
-process and run as the graph itself, and the medians are summed. A graph at its floor spends all
-its time in those MatMuls; graph / floor is how far from it the rest of the graph keeps it.
+the same precision, on the same runtime, in the same process and run as the graph itself, and the
+medians are summed. A graph at its floor spends all its time in those MatMuls; graph / floor is how
+far from it the rest of the graph keeps it. A precision is described as the manifest serves it
+(export/manifest.py `PrecisionVariant`): which graphs it runs and on which runtime, and the floor
+follows both (`FLOOR_GRAPHS`, `FLOOR_RUNTIMES`):
+
+    fp32   the fp32 graphs on ORT          one MatMul, on ORT
+    int8   the int8 graphs on ORT          one MatMul through `quantize_dynamic`, on ORT
+    bf16   the fp32 graphs on OpenVINO     one MatMul, compiled by OpenVINO at bf16
+
+ORT's profiler cannot see inside OpenVINO, so a precision that runs another runtime is profiled
+through ORT on the graphs it runs (bf16: the fp32 graph, the same nodes and shapes): its floor has
+the right shapes, and its "where the time goes" is that of ORT, not its own.
 """
 
 from __future__ import annotations
@@ -183,9 +194,38 @@ def _quantize_int8(src: Path, dst: Path) -> None:
     quantize_int8(src, dst)
 
 
-# How each precision's floor graph is made from the fp32 one-MatMul graph; a new variant whose
-# MatMuls are made another way adds its transform here (one without an entry gets no floor).
-FLOOR_TRANSFORMS: dict[str, Callable[[Path, Path], None] | None] = {"fp32": None, "int8": _quantize_int8}
+# How each graph variant's one-MatMul graph is made from the fp32 one (applied when B is a constant
+# weight); a graph variant made another way adds its transform here (one without an entry gets no floor).
+FLOOR_GRAPHS: dict[str, Callable[[Path, Path], None] | None] = {"fp32": None, "int8": _quantize_int8}
+
+Run = Callable[[dict[str, np.ndarray]], object]  # one call of a compiled graph on its feeds
+INTEGER_MATMUL_OPS = {"MatMulInteger", "DynamicQuantizeMatMul", "MatMulIntegerToFloat"}
+
+
+def _ort_matmul(path: Path, precision: str, threads: int | None, options: ort.SessionOptions | None) -> tuple[Run, str]:
+    """The one-MatMul graph as an ORT session (`options`: the export's session options). ORT runs the
+    graph as written, whatever `precision` says: int8 where quantization made an integer MatMul of it,
+    else fp32."""
+    options = options or ort.SessionOptions()
+    if threads:
+        options.intra_op_num_threads = threads
+    session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+    ops = {node.op_type for node in onnx.load(str(path), load_external_data=False).graph.node}
+    return (lambda feeds: session.run(None, feeds)), "int8" if ops & INTEGER_MATMUL_OPS else "fp32"
+
+
+def _openvino_matmul(path: Path, precision: str, threads: int | None, options=None) -> tuple[Run, str]:
+    """The one-MatMul graph compiled by OpenVINO's CPU plugin at `precision`, as the service compiles
+    its graphs (export/openvino_runtime.py); `options` (ORT's) do not apply."""
+    from export.openvino_runtime import compile_graph, effective_precision
+
+    compiled = compile_graph(path, precision, threads)
+    return compiled.run, effective_precision(compiled)  # what the plugin really runs: bf16, or f32 without it
+
+
+# Each runtime a precision is served on: (graph path, precision, threads, ORT session options) →
+# (one call on feeds, the precision the runtime says it runs at).
+FLOOR_RUNTIMES: dict[str, Callable[..., tuple[Run, str]]] = {"onnxruntime": _ort_matmul, "openvino": _openvino_matmul}
 
 
 def _dense_shape(node: NodeTime) -> tuple[tuple[int, ...], tuple[int, ...], bool] | None:
@@ -202,26 +242,40 @@ def _dense_shape(node: NodeTime) -> tuple[tuple[int, ...], tuple[int, ...], bool
     return shapes[0], shapes[1], node.category == "weight MatMul"
 
 
-def dense_floor_ms(
+@dataclass(frozen=True)
+class DenseFloor:
+    """A graph's dense-FLOP floor: Σ over its dense MatMuls of the median time of each alone."""
+
+    ms: float
+    matmuls: int  # dense MatMul nodes of the graph counted
+    # the precisions the floor's MatMuls ran at, as the runtime has them: OpenVINO's compiled precision,
+    # ORT's graph (an int8 graph's MatMuls of two activations may stay fp32)
+    runs_at: frozenset[str]
+
+
+def dense_floor(
     profile: GraphProfile,
-    variant: str,
+    precision: str,
+    graphs: str | None = None,
+    runtime: str = "onnxruntime",
     threads: int | None = None,
     repeats: int = 5,
     session_options: Callable[[], ort.SessionOptions] | None = None,
-) -> float | None:
-    """Σ over the graph's dense MatMuls of the median time of that MatMul alone, at `variant`'s precision.
-
-    None when `variant` has no floor transform (FLOOR_TRANSFORMS)."""
-    if variant not in FLOOR_TRANSFORMS:
+) -> DenseFloor | None:
+    """The floor of `profile`'s graph at `precision`, served as the `graphs` files (default: the
+    precision's own) on `runtime` ("onnxruntime" | "openvino"). None when no floor graph is known
+    for `graphs` (FLOOR_GRAPHS). `session_options`: ORT's, for the ORT runtime."""
+    graphs = graphs or precision
+    if graphs not in FLOOR_GRAPHS:
         return None
-    transform = FLOOR_TRANSFORMS[variant]
+    transform, make_run = FLOOR_GRAPHS[graphs], FLOOR_RUNTIMES[runtime]
     counts: dict[tuple, int] = defaultdict(int)
     for node in profile.nodes:
         if node.category in DENSE_CATEGORIES:
             shape = _dense_shape(node)
             if shape is not None:
                 counts[shape] += 1
-    total = 0.0
+    total, runs_at = 0.0, set[str]()
     rng = np.random.default_rng(0)
     with tempfile.TemporaryDirectory(prefix="bigs-floor-") as tmp:
         for i, ((a_shape, b_shape, b_constant), count) in enumerate(sorted(counts.items())):
@@ -230,21 +284,19 @@ def dense_floor_ms(
             if transform is not None and b_constant:
                 transform(path, Path(tmp) / f"{i}.q.onnx")
                 path = Path(tmp) / f"{i}.q.onnx"
-            options = session_options() if session_options else ort.SessionOptions()
-            if threads:
-                options.intra_op_num_threads = threads
-            session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+            run, ran_at = make_run(path, precision, threads, session_options() if session_options else None)
+            runs_at.add(ran_at)
             feeds = {"a": rng.standard_normal(a_shape).astype(np.float32)}
             if not b_constant:
                 feeds["b"] = rng.standard_normal(b_shape).astype(np.float32)
-            session.run(None, feeds)
+            run(feeds)
             times = []
             for _ in range(repeats):
                 start = time.perf_counter()
-                session.run(None, feeds)
+                run(feeds)
                 times.append(1000 * (time.perf_counter() - start))
             total += count * statistics.median(times)
-    return total
+    return DenseFloor(ms=total, matmuls=sum(counts.values()), runs_at=frozenset(runs_at))
 
 
 def dense_flops(profile: GraphProfile) -> float:

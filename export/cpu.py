@@ -2,14 +2,17 @@
 
 The one reader of the CPU for the whole project: the accuracy gate records the CPU a variant was
 measured on (export/gate.py), the service decides which precision to serve from the flags
-(service/cpu_features.py), and the benchmarks name the machine beside their figures. Standard
+(service/cpu_features.py), and the benchmarks name the machine beside their figures
+(`cpu_description`, or `machine_description` with the cores and every SIMD flag). Standard
 library only, so the serving image can import it.
 """
 
 from __future__ import annotations
 
 import functools
+import os
 import platform
+import re
 from pathlib import Path
 
 # The flags that decide how fast reduced precision runs, as Linux names them, and as people do.
@@ -45,8 +48,25 @@ def cpu_model_name(cpuinfo: str = "/proc/cpuinfo") -> str | None:
     return _field("model name", cpuinfo)
 
 
+def _name() -> str:
+    return cpu_model_name() or platform.processor() or platform.machine() or "unknown CPU"
+
+
 def cpu_description() -> str:
     """The model name and the reduced-precision flags this CPU has, e.g. "AMD EPYC (AVX512-VNNI, AVX512-BF16)"."""
-    name = cpu_model_name() or platform.processor() or platform.machine() or "unknown CPU"
+    name = _name()
     flags = [label for flag, label in FLAG_NAMES.items() if flag in cpu_flags()]
     return f"{name} ({', '.join(flags) or 'no VNNI, BF16 or AMX'})"
+
+
+# The SIMD flags that decide how fast dense kernels run (fp32, int8, bf16), for benchmark reports
+SIMD_FLAGS = re.compile(r"(avx2|fma|avx512(f|bw|vl|_vnni|_bf16|_fp16)|avx_vnni|amx\w*)$")
+
+
+def machine_description() -> str:
+    """What a benchmark names beside its figures: the model name, the cores visible and the SIMD
+    flags, e.g. "AMD EPYC, 2 cores visible, flags: avx2 avx512_bf16 … (no AMX)"."""
+    flags = cpu_flags()
+    simd = [f for f in sorted(flags) if SIMD_FLAGS.match(f)]
+    no_amx = "" if any(f.startswith("amx") for f in flags) else " (no AMX)"
+    return f"{_name()}, {os.cpu_count()} cores visible, flags: {' '.join(simd) or 'no AVX2/AVX-512/AMX'}{no_amx}"

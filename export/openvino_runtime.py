@@ -15,6 +15,7 @@ from two threads, and one OpenVINO infer request must not run two inferences at 
 
     compiled = load_compiled("export_dir", precision="bf16")   # {128: CompiledBucket, …}
     outputs = compiled[128].run(feeds)                        # {"logits": …, "embeddings": …}
+    one = compile_graph("any.onnx", precision="bf16")         # one graph file by path (the benchmarks)
 """
 
 from __future__ import annotations
@@ -69,6 +70,20 @@ def compile_config(precision: str, threads: int | None = None) -> dict[str, str]
     return config
 
 
+def compile_graph(path: str | Path, precision: str = "bf16", threads: int | None = None, core=None) -> CompiledBucket:
+    """One ONNX graph file compiled by OpenVINO's CPU plugin at `precision` (`compile_config`); its
+    inputs and outputs are named as in the graph. `core`: an `openvino.Core` to reuse across calls."""
+    import openvino as ov
+
+    core = core or ov.Core()
+    compiled = core.compile_model(core.read_model(str(path)), "CPU", compile_config(precision, threads))
+    return CompiledBucket(
+        compiled,
+        [port.get_any_name() for port in compiled.inputs],
+        [port.get_any_name() for port in compiled.outputs],
+    )
+
+
 def load_compiled(
     export_dir: str | Path,
     precision: str = "bf16",
@@ -84,20 +99,11 @@ def load_compiled(
     if manifest.onnx is None:
         raise ValueError(f"{export_dir} has no ONNX graphs (export with --formats onnx)")
     core = ov.Core()
-    config = compile_config(precision, threads)
-    compiled = {}
-    for bucket in sorted(manifest.onnx.buckets):
-        if buckets is not None and bucket not in buckets:
-            continue
-        entry = manifest.onnx.graph(bucket, "fp32")
-        model = core.read_model(str(export_dir / entry.file))
-        compiled_model = core.compile_model(model, "CPU", config)
-        compiled[bucket] = CompiledBucket(
-            compiled_model,
-            [spec.name for spec in entry.inputs],
-            [spec.name for spec in entry.outputs],
-        )
-    return compiled
+    return {
+        bucket: compile_graph(export_dir / manifest.onnx.graph(bucket, "fp32").file, precision, threads, core)
+        for bucket in sorted(manifest.onnx.buckets)
+        if buckets is None or bucket in buckets
+    }
 
 
 def effective_precision(bucket: CompiledBucket) -> str:

@@ -1,5 +1,6 @@
-"""`bigs bench compare` end to end in its --quick form (tiny BiGS and BERT, a real `bigs serve`), and
-the pieces it rests on: the profile's categories, the report section that replaces only itself.
+"""`bigs bench compare` end to end in its --quick form (tiny BiGS and BERT, a real `bigs serve`, every
+precision the project serves: fp32 and int8 on ONNX Runtime, bf16 on OpenVINO), and the pieces it
+rests on: the profile's categories, the bf16 floor, the report section that replaces only itself.
 No timing is asserted: the figures are a benchmark's (docs/BENCHMARKS.md)."""
 
 from __future__ import annotations
@@ -12,10 +13,23 @@ from pathlib import Path
 import pytest
 from onnx import helper
 
-from bench.compare import BEGIN, END, PLOT_NAME, variants_of, write_section
-from bench.graph_profile import categorize
+from bench.compare import (
+    BEGIN,
+    END,
+    PLOT_NAME,
+    Variant,
+    export_precisions,
+    missing_precisions,
+    variants_of,
+    write_section,
+)
+from bench.graph_profile import GraphProfile, NodeTime, categorize, dense_floor
+from export.cpu import cpu_flags
 
 REPO = Path(__file__).resolve().parents[1]
+# OpenVINO is a dev dependency; bf16 is only bf16 on a CPU with these (the export writes no bf16 elsewhere)
+CPU_HAS_BF16 = bool({"avx512_bf16", "amx_bf16"} & cpu_flags())
+needs_bf16 = pytest.mark.skipif(not CPU_HAS_BF16, reason="this CPU has neither AVX512_BF16 nor AMX-BF16")
 
 
 def test_a_matmul_is_told_apart_by_which_operand_is_the_constant():
@@ -26,6 +40,30 @@ def test_a_matmul_is_told_apart_by_which_operand_is_the_constant():
     assert categorize(helper.make_node("BiasGelu", ["x", "b"], ["y"], domain="com.microsoft"), constants) == "GELU"
     assert categorize(helper.make_node("Split", ["x"], ["a", "b"]), constants) == "layout"
     assert categorize(helper.make_node("Mul", ["x", "z"], ["y"]), constants) == "elementwise"
+
+
+@needs_bf16
+def test_the_bf16_floor_of_a_matmul_is_timed_by_openvino_at_bf16():
+    # one weight MatMul as ORT's profiler reports it: (1, 128, 64) @ (64, 192), the weight a constant
+    profile = GraphProfile(nodes=[NodeTime("mm", "MatMul", "weight MatMul", 1.0, ((1, 128, 64), (64, 192)))])
+    bf16 = dense_floor(profile, "bf16", graphs="fp32", runtime="openvino", repeats=1)
+    assert bf16.ms > 0 and bf16.matmuls == 1
+    assert bf16.runs_at == {"bf16"}  # OpenVINO's compiled precision, not the label asked for
+    # the same MatMul at fp32 on each runtime says fp32: the label comes from the runtime
+    assert dense_floor(profile, "fp32", runtime="openvino", repeats=1).runs_at == {"fp32"}
+    assert dense_floor(profile, "fp32", repeats=1).runs_at == {"fp32"}
+
+
+def test_without_openvino_or_a_bf16_cpu_bf16_is_left_out_with_the_reason(monkeypatch):
+    fp32_int8 = [Variant("fp32"), Variant("int8", graphs="int8")]
+    # a CPU where the export wrote no bf16 variant (export/gate.py: OpenVINO would run f32 there)
+    missing = missing_precisions(fp32_int8, ("int8", "bf16"), {})
+    assert list(missing) == ["bf16"] and "the export wrote no bf16 variant" in missing["bf16"]
+    # no OpenVINO: bf16 is not asked of the export at all (it would fail to load it), and says why
+    monkeypatch.setitem(sys.modules, "openvino", None)  # `import openvino` raises ImportError, as uninstalled
+    precisions, left_out = export_precisions()
+    assert precisions == ("int8",) and "OpenVINO is not installed" in left_out["bf16"]
+    assert list(missing_precisions(fp32_int8, precisions, left_out)) == ["bf16"]
 
 
 def test_the_section_is_replaced_and_the_rest_of_the_file_kept(tmp_path):
@@ -66,10 +104,19 @@ def test_quick_compare_writes_every_table_and_the_plot(tmp_path):
     assert (out.parent / PLOT_NAME).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "Model name" not in text and "flags:" in text  # lscpu's model and flags, summarised
 
-    # every precision the export holds, both models, both lengths, batch 1: a time, a floor, a speed-up
+    # every precision the project serves, each on its runtime, as the manifest says (bf16 where the CPU has it)
     variants = variants_of(work / "bigs-export")
-    assert variants[:2] == ["fp32", "int8"]
-    for variant in variants:
+    expected = [Variant("fp32"), Variant("int8", graphs="int8")]
+    expected += [Variant("bf16", graphs="fp32", runtime="openvino")] if CPU_HAS_BF16 else []
+    assert variants == expected
+    assert re.search(r"Runtimes, .*ONNX Runtime [\d.]+ \(fp32, int8\)", text)
+    if CPU_HAS_BF16:
+        assert re.search(r"OpenVINO 20[\d.]+ \(bf16: the fp32 graphs at bf16\)", text)
+    else:
+        assert "bf16 not measured: the export wrote no bf16 variant" in text
+
+    # every precision, both models, both lengths, batch 1: a time, a floor, a speed-up
+    for variant in (v.name for v in variants):
         rows = _table_rows(text, f"**{variant}, batch 1**")
         assert [r[0] for r in rows] == ["128", "256"]
         for row in rows:
