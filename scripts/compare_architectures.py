@@ -3,6 +3,7 @@ stack × routing ssm | attention), trained by the same recipe on the same data, 
 
     python scripts/compare_architectures.py [--out runs/compare] [--rows gated-ssm,stack-attention]
         [--buckets 128,512,4096] [--reps 5] [--set KEY=VALUE …] [--pretrain-set KEY=VALUE …]
+        [--report docs/COMPARISON.md]
 
 Per row, each stage through the `bigs` command line, as a user would run it (stages meet only
 through their dirs, docs/DESIGN.md §1.1):
@@ -18,8 +19,10 @@ call so that a noisy neighbour slows every row alike; the median of `--reps` cal
 Writes OUT/comparison.json and OUT/COMPARISON.md: per row the encoder's parameters, tokens seen,
 held-out masked-token accuracy (after pretraining at 128 tokens, and after extension at 512),
 fine-tuned topic accuracy on the held-out test split (and the majority-class baseline), training
-wall time, and the latency per bucket with its ratio to gated/ssm. A stage whose output exists is
-not run again (delete its dir to redo it). `--set` overrides go to every stage, `--pretrain-set`
+wall time, and the latency per bucket with its ratio to gated/ssm; `--report` writes the table to a
+second place too (docs/COMPARISON.md holds the last full run). A stage whose output exists is not
+run again (delete its dir to redo it): run again on trained rows, the command only re-measures the
+latency (and re-reads the cards), e.g. on a quieter machine. `--set` overrides go to every stage, `--pretrain-set`
 to pretraining and extension (the unlabelled corpus; model sizes), e.g. a smoke run:
 `--set num_steps=3 --pretrain-set 'data.sources=["kjv"]'`. The table lists what was overridden.
 """
@@ -191,6 +194,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--buckets", default="128,512,4096", help="export and latency buckets")
     parser.add_argument("--reps", type=int, default=5, help="timed calls per row and bucket")
     parser.add_argument("--threads", type=int, default=2, help="ONNX Runtime intra-op threads")
+    parser.add_argument("--report", type=Path, default=None, help="also write the table here")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override, every stage")
     parser.add_argument(
         "--pretrain-set", action="append", default=[], metavar="KEY=VALUE", help="override, mlm and extend"
@@ -219,6 +223,8 @@ def main(argv: list[str] | None = None) -> int:
     }
     (args.out / "comparison.json").write_text(json.dumps(report, indent=2) + "\n")
     (args.out / "COMPARISON.md").write_text(table(results, args, environment))
+    if args.report:
+        args.report.write_text(table(results, args, environment))
     print((args.out / "COMPARISON.md").read_text())
     return 0
 
