@@ -8,7 +8,8 @@
 Every node of a graph falls in one category:
 
     weight MatMul     a MatMul/Gemm (or its int8 form) whose right operand is a constant: the dense layers
-    attention MatMul  a MatMul of two activations (BERT's Q·Kᵀ and P·V)
+    attention MatMul  a MatMul of two activations (BERT's Q·Kᵀ and P·V), or a fused Attention node (both,
+                      with the softmax; its floor is its two MatMuls)
     SSM MatMul        a MatMul whose LEFT operand is a constant (T·u, the chunked form's matrices)
     GELU              Gelu, BiasGelu, FastGelu, Erf
     elementwise       Add, Mul, Div, Sub, Where, Softmax, Cast, …
@@ -115,6 +116,8 @@ def categorize(node: onnx.NodeProto, constants: set[str]) -> str:
             return "weight MatMul"
         if op == "MatMulInteger":  # its quantized weight is a constant unless both operands are activations
             return "weight MatMul" if node.input[1] in constants else "attention MatMul"
+        return "attention MatMul"
+    if op == "Attention":  # the fused attention (ONNX opset 23): its two MatMuls with the softmax between
         return "attention MatMul"
     if op in GELU_OPS:
         return "GELU"
@@ -228,18 +231,27 @@ def _openvino_matmul(path: Path, precision: str, threads: int | None, options=No
 FLOOR_RUNTIMES: dict[str, Callable[..., tuple[Run, str]]] = {"onnxruntime": _ort_matmul, "openvino": _openvino_matmul}
 
 
-def _dense_shape(node: NodeTime) -> tuple[tuple[int, ...], tuple[int, ...], bool] | None:
-    """(A shape, B shape, B constant) of a dense MatMul as fp32, from its profiled input shapes."""
+Shape = tuple[int, ...]
+
+
+def _dense_shapes(node: NodeTime) -> list[tuple[Shape, Shape, bool]]:
+    """[(A shape, B shape, B constant)] of the dense MatMuls a node computes, as fp32, from its profiled
+    input shapes: one for a MatMul or Gemm, two for a fused `Attention` (Q·Kᵀ and P·V), none if unknown."""
     shapes = [s for s in node.input_shapes if s]
     if len(shapes) < 2:
-        return None
+        return []
+    if node.op_type == "Attention":  # Q, K, V as (B, heads, L, head size): the 4-D form the export writes
+        q, k, v = shapes[:3]
+        if not len(q) == len(k) == len(v) == 4:
+            return []
+        return [(q, (*k[:2], k[3], k[2]), False), ((*q[:3], k[2]), v, False)]
     if node.op_type == "Gemm":  # 2-D, B maybe transposed: time it as A (M, K) @ B (K, N)
         (m, k), b = shapes[0], shapes[1]
         n = b[0] if b[0] != k else b[1]
-        return (m, k), (k, n), True
+        return [((m, k), (k, n), True)]
     if node.op_type in ("DynamicQuantizeMatMul", "MatMulIntegerToFloat", "MatMulInteger"):
-        return shapes[0], shapes[1], True
-    return shapes[0], shapes[1], node.category == "weight MatMul"
+        return [(shapes[0], shapes[1], True)]
+    return [(shapes[0], shapes[1], node.category == "weight MatMul")]
 
 
 @dataclass(frozen=True)
@@ -247,7 +259,7 @@ class DenseFloor:
     """A graph's dense-FLOP floor: Σ over its dense MatMuls of the median time of each alone."""
 
     ms: float
-    matmuls: int  # dense MatMul nodes of the graph counted
+    matmuls: int  # dense MatMuls of the graph counted (a fused Attention node counts two)
     # the precisions the floor's MatMuls ran at, as the runtime has them: OpenVINO's compiled precision,
     # ORT's graph (an int8 graph's MatMuls of two activations may stay fp32)
     runs_at: frozenset[str]
@@ -272,8 +284,7 @@ def dense_floor(
     counts: dict[tuple, int] = defaultdict(int)
     for node in profile.nodes:
         if node.category in DENSE_CATEGORIES:
-            shape = _dense_shape(node)
-            if shape is not None:
+            for shape in _dense_shapes(node):
                 counts[shape] += 1
     total, runs_at = 0.0, set[str]()
     rng = np.random.default_rng(0)
@@ -305,10 +316,7 @@ def dense_flops(profile: GraphProfile) -> float:
     for node in profile.nodes:
         if node.category not in DENSE_CATEGORIES:
             continue
-        shape = _dense_shape(node)
-        if shape is None:
-            continue
-        a, b, _ = shape
-        batch = int(np.prod(np.broadcast_shapes(a[:-2], b[:-2]))) if len(a) > 2 or len(b) > 2 else 1
-        flops += 2.0 * batch * a[-2] * a[-1] * b[-1]
+        for a, b, _ in _dense_shapes(node):
+            batch = int(np.prod(np.broadcast_shapes(a[:-2], b[:-2]))) if len(a) > 2 or len(b) > 2 else 1
+            flops += 2.0 * batch * a[-2] * a[-1] * b[-1]
     return flops

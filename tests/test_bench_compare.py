@@ -5,6 +5,7 @@ No timing is asserted: the figures are a benchmark's (docs/BENCHMARKS.md)."""
 
 from __future__ import annotations
 
+import json
 import re
 import subprocess
 import sys
@@ -23,7 +24,7 @@ from bench.compare import (
     variants_of,
     write_section,
 )
-from bench.graph_profile import GraphProfile, NodeTime, categorize, dense_floor
+from bench.graph_profile import GraphProfile, NodeTime, categorize, dense_floor, dense_flops
 from export.cpu import cpu_flags
 
 REPO = Path(__file__).resolve().parents[1]
@@ -40,6 +41,17 @@ def test_a_matmul_is_told_apart_by_which_operand_is_the_constant():
     assert categorize(helper.make_node("BiasGelu", ["x", "b"], ["y"], domain="com.microsoft"), constants) == "GELU"
     assert categorize(helper.make_node("Split", ["x"], ["a", "b"]), constants) == "layout"
     assert categorize(helper.make_node("Mul", ["x", "z"], ["y"]), constants) == "elementwise"
+    assert categorize(helper.make_node("Attention", ["q", "k", "v"], ["y"]), constants) == "attention MatMul"
+
+
+def test_a_fused_attention_node_floors_as_its_two_matmuls():
+    # ORT's profile of an opset-23 Attention node: Q, K, V (batch 2, 4 heads, 128 tokens, head size 16), mask
+    q = (2, 4, 128, 16)
+    node = NodeTime("attn", "Attention", "attention MatMul", 1.0, (q, q, q, (2, 1, 128, 128)))
+    floor = dense_floor(GraphProfile(nodes=[node]), "fp32", repeats=1)
+    assert floor.matmuls == 2 and floor.ms > 0
+    # Q·Kᵀ and P·V: 2 · (2·4) · 128·16·128 FLOPs each
+    assert dense_flops(GraphProfile(nodes=[node])) == 2 * (2.0 * 8 * 128 * 16 * 128)
 
 
 @needs_bf16
@@ -132,6 +144,11 @@ def test_quick_compare_writes_every_table_and_the_plot(tmp_path):
     for row in bigs_rows:
         weight, attention, ssm = (float(v.rstrip("%")) for v in row[2:5])
         assert weight > 0 and ssm > 0 and attention == 0
+    # BERT's attention is one fused Attention node per layer (opset 23), counted as attention
+    for row in (r for r in profile if r[0] == "BERT fp32"):
+        weight, attention, ssm = (float(v.rstrip("%")) for v in row[2:5])
+        assert weight > 0 and attention > 0 and ssm == 0
+    assert json.loads((work / "bert-export" / "done.json").read_text())["attention"].startswith("sdpa")
 
     # the real service answered at every concurrency, batching on and off
     batching = _table_rows(text, "### Batching")
