@@ -13,7 +13,7 @@ bigs bench memory --model NAME=EXPORT_DIR …                         resident m
 bigs bench precision EXPORT_DIR [--buckets 128,512,4096 --quantize]     fp32, int8 and bf16 variants side by side
 bigs bench compare [--quick] [--out docs/BENCHMARKS.md]             BiGS vs same-size BERT, dense-FLOP floors, batching
 bigs export ARTIFACT_DIR OUT_DIR [--buckets 128,256] [--formats onnx,stablehlo] [--precisions int8,bf16]
-bigs export --verify OUT_DIR                                       re-hash files, re-measure parity
+bigs export --verify OUT_DIR                                       re-hash files, re-measure parity and gates
 bigs hub-files DIR [DIR …]          (re)write what stock transformers / sentence-transformers / the Hub read
 bigs --version
 
@@ -426,7 +426,11 @@ def build_parser() -> argparse.ArgumentParser:
         description="bigs export ARTIFACT_DIR OUT_DIR [options]  |  bigs export --verify OUT_DIR",
     )
     export.add_argument("paths", nargs="+", metavar="DIR", help="ARTIFACT_DIR OUT_DIR, or OUT_DIR with --verify")
-    export.add_argument("--verify", action="store_true", help="re-hash every file and re-measure parity")
+    export.add_argument(
+        "--verify",
+        action="store_true",
+        help="re-hash every file, re-measure parity and each precision variant's accuracy gate on this CPU",
+    )
     export.add_argument("--buckets", default=None, help="comma-separated lengths (default 128..4096, capped)")
     export.add_argument("--formats", default="onnx,stablehlo", help="comma-separated: onnx, stablehlo")
     export.add_argument("--quantize", choices=["int8"], default=None, help="also write int8 ONNX graphs")

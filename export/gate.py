@@ -22,19 +22,26 @@ to 512 tokens, 16 at 1,024, 4 at 4,096: the gate's time stays that of a few long
 
 Thresholds (`GateThresholds`, recorded in the manifest beside what was measured): what a user would
 accept from a faster answer. The variant that `auto` serves must pass every one at every bucket.
+
+Export measures and records each variant (`measure_variants`); `bigs export --verify` measures each
+recorded variant again on its own CPU with the recorded thresholds (export/verify.py). Both go
+through `gate_inputs` → `variant_runner` → `measure_variant`, so the two measure the same thing.
 """
 
 from __future__ import annotations
 
 import hashlib
 from collections.abc import Callable
+from dataclasses import dataclass
 from importlib import resources
+from pathlib import Path
+from typing import Literal
 
 import numpy as np
 
 from .cpu import cpu_description
 from .heads import MASK_POSITIONS
-from .manifest import GateMeasured, GateThresholds, Manifest
+from .manifest import AccuracyGate, GateMeasured, GateThresholds, Manifest, PrecisionVariant
 
 GATE_TEXT = "gate_text.txt"
 MASK_EVERY = 7  # every 7th real token is masked: ~14%, near BERT's 15%
@@ -140,12 +147,8 @@ def measure_gate(
     return measured.model_copy(update={"failures": thresholds.failures(measured)})
 
 
-def fill_mask_model(manifest: Manifest) -> bool:
-    return "fill-mask" in manifest.heads
-
-
 # --------------------------------------------------------------------------------------------
-# Measuring an export dir's variants (what `bigs export --precisions …` runs)
+# Measuring an export dir's variants (what `bigs export --precisions …` records and `--verify` re-measures)
 # --------------------------------------------------------------------------------------------
 
 VARIANT_HOW = {
@@ -166,15 +169,62 @@ def ort_runner(sessions) -> RunBatch:
     return run
 
 
-def measure_variants(export_dir, manifest: Manifest, precisions, thresholds: GateThresholds | None = None) -> None:
-    """Measure each of `precisions` against the fp32 graphs on the gate's text and record it in
-    `manifest.precisions` (and the gate's text and thresholds in `manifest.gate`). A bf16 variant is
-    recorded only where OpenVINO really runs bf16 on this CPU (else it would measure fp32)."""
-    from pathlib import Path
+class VariantUnavailable(Exception):
+    """A variant that cannot run as itself on this machine (the message says why): bf16 where OpenVINO is
+    not installed, or where OpenVINO would run the graphs at f32 because the CPU has no bf16 instructions."""
 
+
+@dataclass(frozen=True)
+class VariantRunner:
+    """How one precision variant runs here: its runtime, which graphs of the dir, and a RunBatch."""
+
+    runtime: Literal["onnxruntime", "openvino"]
+    graphs: Literal["fp32", "int8"]
+    run: RunBatch
+
+
+def variant_runner(export_dir: Path, manifest: Manifest, precision: str) -> VariantRunner:
+    """Load `precision`'s graphs of the dir into the runtime that serves them; VariantUnavailable where this
+    machine cannot run them as that precision (then a measurement would be of something else)."""
+    from .onnx_runtime import load_sessions
+
+    if precision == "int8":
+        return VariantRunner(
+            "onnxruntime", "int8", ort_runner(load_sessions(export_dir, variant="int8", manifest=manifest))
+        )
+    if precision == "bf16":
+        from .openvino_runtime import effective_precision, load_compiled, openvino_available
+
+        if not openvino_available():
+            raise VariantUnavailable("OpenVINO is not installed (the runtime of bf16: pip install openvino)")
+        compiled = load_compiled(export_dir, "bf16", manifest=manifest)
+        effective = effective_precision(next(iter(compiled.values())))
+        if effective != "bf16":
+            raise VariantUnavailable(
+                f"OpenVINO runs {effective} on this CPU ({cpu_description()}): no AVX512_BF16 or AMX"
+            )
+        return VariantRunner("openvino", "fp32", lambda bucket, feeds: compiled[bucket].run(feeds))
+    raise ValueError(f"unknown precision {precision!r}")
+
+
+@dataclass(frozen=True)
+class GateInputs:
+    """What every variant of one export dir is measured with, loaded once: the dir's tokenizer (the gate's
+    text is tokenized as the service would) and the fp32 graphs on ORT, the reference."""
+
+    export_dir: Path
+    manifest: Manifest
+    tokenizer: object  # tokenizers.Tokenizer, truncation and padding off
+    reference: RunBatch
+
+    @property
+    def fill_mask(self) -> bool:
+        return "fill-mask" in self.manifest.heads
+
+
+def gate_inputs(export_dir: str | Path, manifest: Manifest) -> GateInputs:
     from tokenizers import Tokenizer
 
-    from .manifest import AccuracyGate, PrecisionVariant
     from .onnx_runtime import load_sessions
 
     export_dir = Path(export_dir)
@@ -183,6 +233,24 @@ def measure_variants(export_dir, manifest: Manifest, precisions, thresholds: Gat
     tokenizer = Tokenizer.from_file(str(export_dir / "tokenizer.json"))
     tokenizer.no_truncation()
     tokenizer.no_padding()
+    return GateInputs(export_dir, manifest, tokenizer, ort_runner(load_sessions(export_dir, manifest=manifest)))
+
+
+def measure_variant(
+    inputs: GateInputs, variant: VariantRunner, thresholds: GateThresholds, buckets: list[int] | None = None
+) -> dict[int, GateMeasured]:
+    """The gate of one variant at each of `buckets` (default: every bucket of the dir), against `thresholds`:
+    what export records and what `bigs export --verify` measures again."""
+    return {
+        bucket: measure_gate(inputs.tokenizer, bucket, inputs.fill_mask, inputs.reference, variant.run, thresholds)
+        for bucket in (buckets or inputs.manifest.buckets)
+    }
+
+
+def measure_variants(export_dir, manifest: Manifest, precisions, thresholds: GateThresholds | None = None) -> None:
+    """Measure each of `precisions` against the fp32 graphs on the gate's text and record it in
+    `manifest.precisions` (and the gate's text and thresholds in `manifest.gate`). A variant that cannot
+    run as itself here (bf16 without OpenVINO, or on a CPU without bf16) is not recorded, and export says why."""
     thresholds = thresholds or GateThresholds()
     manifest.gate = AccuracyGate(
         text=f"export/assets/{GATE_TEXT}",
@@ -190,32 +258,17 @@ def measure_variants(export_dir, manifest: Manifest, precisions, thresholds: Gat
         against="the fp32 ONNX graphs on ONNX Runtime, same inputs",
         thresholds=thresholds,
     )
-    reference = ort_runner(load_sessions(export_dir, manifest=manifest))
-    fill_mask = fill_mask_model(manifest)
+    inputs = gate_inputs(export_dir, manifest)
     for precision in precisions:
-        if precision == "int8":
-            runtime, graphs = "onnxruntime", "int8"
-            variant = ort_runner(load_sessions(export_dir, variant="int8", manifest=manifest))
-        elif precision == "bf16":
-            from .openvino_runtime import effective_precision, load_compiled
-
-            runtime, graphs = "openvino", "fp32"
-            compiled = load_compiled(export_dir, "bf16", manifest=manifest)
-            effective = effective_precision(next(iter(compiled.values())))
-            if effective != "bf16":
-                print(f"bf16 not recorded: OpenVINO runs {effective} on this CPU ({cpu_description()}), "
-                      "so its accuracy cannot be measured here")  # fmt: skip
-                continue
-            variant = lambda bucket, feeds, compiled=compiled: compiled[bucket].run(feeds)  # noqa: E731
-        else:
-            raise ValueError(f"unknown precision {precision!r}")
-        gate = {
-            bucket: measure_gate(tokenizer, bucket, fill_mask, reference, variant, thresholds)
-            for bucket in manifest.buckets
-        }
+        try:
+            variant = variant_runner(inputs.export_dir, manifest, precision)
+        except VariantUnavailable as why:
+            print(f"{precision} not recorded: {why}, so its accuracy cannot be measured here")
+            continue
+        gate = measure_variant(inputs, variant, thresholds)
         manifest.precisions[precision] = PrecisionVariant(
-            runtime=runtime,
-            graphs=graphs,
+            runtime=variant.runtime,
+            graphs=variant.graphs,
             how=VARIANT_HOW[precision],
             measured_on=cpu_description(),
             gate=gate,

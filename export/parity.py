@@ -222,8 +222,8 @@ class ParityReport:
 
 
 def measure_export(export_dir: Path, manifest: Manifest, refs: References, tolerance: float) -> ParityReport:
-    """Measure every format the manifest lists; fp32 files are held to `tolerance` (int8 is measured,
-    and held to its recorded top-1 agreement by `bigs export --verify`)."""
+    """Measure every format the manifest lists; fp32 files are held to `tolerance` (int8 is measured
+    here, and held to its accuracy gate on real text: export/gate.py)."""
     report = ParityReport()
 
     def attempt(what: str, measure):

@@ -3,6 +3,9 @@
 - `choose_precision` over a table of CPUs (flags as Linux names them) and gates (pure function).
 - The gate: computed on real text, recorded per variant and bucket in the manifest, and able to fail
   (a degraded variant is caught by each of its measures).
+- `bigs export --verify` measures each recorded variant's gate again on this CPU with the recorded
+  thresholds: a fresh export passes, a variant that misses them is named with bucket and measure,
+  another gate text fails, and bf16 without OpenVINO is a note.
 - The variants, run through the service's runtimes: padded = unpadded and batched = single within
   the gate (dynamic int8 quantizes activations per batch, so neither holds exactly).
 - Through a real `bigs serve`: auto picks what the decision says and the start-up log says why;
@@ -246,6 +249,116 @@ def test_openvino_at_fp32_computes_what_onnx_runtime_computes_on_every_head(vari
             np.testing.assert_allclose(
                 got[output], expected, atol=1e-4 * max(1.0, np.abs(expected).max()), err_msg=name
             )
+
+
+# -- `bigs export --verify` measures the gate again -------------------------------------------------
+
+
+def _verify(export_dir, capsys) -> tuple[int, str]:
+    """`bigs export --verify export_dir` through the CLI: (exit status, what it printed)."""
+    import bigs_cli
+
+    try:
+        bigs_cli.main(["export", "--verify", str(export_dir)])
+        status = 0
+    except SystemExit as exit:
+        status = int(exit.code or 0)
+    return status, capsys.readouterr().out
+
+
+def _tampered_copy(export_dir, tmp_path, change) -> Path:
+    """A copy of the export dir whose manifest `change(manifest)` edited. manifest.json is the one file
+    the integrity check does not hash (it holds the hashes), so the copy passes the hash check and what
+    is tested is the gate."""
+    import shutil
+
+    from export.manifest import read_manifest
+
+    copy = tmp_path / export_dir.name
+    shutil.copytree(export_dir, copy)
+    manifest = read_manifest(copy)
+    change(manifest)
+    manifest.write(copy)
+    return copy
+
+
+@pytest.mark.slow
+def test_verify_measures_every_recorded_variants_gate_again_and_a_fresh_export_passes(variant_exports, capsys):
+    from export.cpu import cpu_description
+    from export.manifest import read_manifest
+    from export.verify import verify
+
+    for name, export_dir in variant_exports.items():
+        status, printed = _verify(export_dir, capsys)
+        assert status == 0 and printed.rstrip().endswith("OK"), printed
+        assert f"measured on this CPU: {cpu_description()}" in printed
+        manifest = read_manifest(export_dir)
+        report = verify(export_dir)
+        assert [g.precision for g in report.gates] == list(manifest.precisions), report.notes
+        for variant in report.gates:
+            assert sorted(variant.measured) == VARIANT_BUCKETS
+            for bucket, now in variant.measured.items():
+                assert f"bucket {bucket:>5}: agreement" in printed
+                # the same CPU, runtime and inputs: the figures export recorded come back
+                recorded = variant.recorded.gate[bucket]
+                for measure in ("fill_mask_top1_agreement", "classification_agreement", "compared"):
+                    assert getattr(now, measure) == getattr(recorded, measure), (name, variant.precision, measure)
+                assert now.embedding_cosine_min == pytest.approx(recorded.embedding_cosine_min, abs=1e-6)
+                assert now.max_abs_logit_diff == pytest.approx(recorded.max_abs_logit_diff, rel=1e-4, abs=1e-6)
+
+
+@pytest.mark.slow
+def test_verify_fails_naming_variant_bucket_and_measure_when_a_variant_that_passed_misses_the_recorded_thresholds(
+    variant_exports, tmp_path, capsys
+):
+    from export.manifest import read_manifest
+
+    precisions = read_manifest(variant_exports["cls"]).precisions
+    assert precisions["int8"].passed
+    diffs = {bucket: m.max_abs_logit_diff for bucket, m in precisions["int8"].gate.items()}
+    worst, best = max(diffs, key=diffs.get), min(diffs, key=diffs.get)
+    assert diffs[worst] > diffs[best], diffs  # a threshold between the two fails one bucket only
+    between = (diffs[worst] + diffs[best]) / 2
+    bf16_diffs = [m.max_abs_logit_diff for m in precisions["bf16"].gate.values()] if "bf16" in precisions else []
+
+    def tighten(manifest):
+        manifest.gate.thresholds.max_abs_logit_diff_max = between
+
+    status, printed = _verify(_tampered_copy(variant_exports["cls"], tmp_path, tighten), capsys)
+    assert status == 1, printed
+    failures = [line.strip() for line in printed.splitlines() if line.strip().startswith("FAIL:")]
+    assert any(f.startswith(f"FAIL: int8 gate bucket {worst}: max abs logit diff") for f in failures), printed
+    assert not any(f"bucket {best}" in f for f in failures), printed
+    # bf16 is named exactly where its own recorded figures miss the new threshold
+    assert any("bf16 gate bucket" in f for f in failures) == any(d > between for d in bf16_diffs), printed
+    assert printed.rstrip().endswith("problem(s))")
+
+
+@pytest.mark.slow
+def test_verify_fails_when_this_versions_gate_text_is_not_the_one_the_variants_were_measured_on(
+    variant_exports, tmp_path, capsys
+):
+    def other_text(manifest):
+        manifest.gate.text_sha256 = "0" * 64
+
+    status, printed = _verify(_tampered_copy(variant_exports["cls"], tmp_path, other_text), capsys)
+    assert status == 1
+    assert "FAIL: accuracy gate not measured: this version's gate text (export/assets/gate_text.txt" in printed
+    assert "not the one int8" in printed and "measured on this CPU" not in printed
+
+
+@pytest.mark.slow
+def test_verify_notes_rather_than_fails_bf16_where_openvino_is_not_importable(variant_exports, monkeypatch, capsys):
+    import export.openvino_runtime
+
+    if not bf16_runs_here():
+        pytest.skip("this CPU has neither AVX512_BF16 nor AMX: export wrote no bf16 variant")
+    # The decision branch "is OpenVINO importable?": uninstalling a package inside a test is not an option.
+    monkeypatch.setattr(export.openvino_runtime, "openvino_available", lambda: False)
+    status, printed = _verify(variant_exports["cls"], capsys)
+    assert status == 0, printed
+    assert "note: bf16 gate not measured here: OpenVINO is not installed" in printed
+    assert "int8 (onnxruntime), recorded on" in printed and "bf16 (openvino), recorded on" not in printed
 
 
 def _runtime(export_dir, precision):
