@@ -9,10 +9,14 @@ reference within the parity tolerance), on the same inputs:
     fill_mask_top1_agreement   fill-mask models: every 7th real token (past [CLS]) is replaced by
                                [MASK]; the share of those positions where the variant's top-1 token
                                is fp32's
-    classification_agreement   classifiers: the share of sequences whose top label is fp32's
+    classification_agreement   every other head: the share of its answers equal to fp32's (a
+                               classifier's top label per sequence; a token classifier's top label
+                               per real token; a QA head's start and its end, each the top position
+                               among the real tokens)
     embedding_cosine_min       the smallest cosine similarity between the variant's and fp32's
                                mean-pooled embeddings over the sequences (the mean is recorded too)
-    max_abs_logit_diff         max |logits − fp32 logits| over the masked positions / sequences
+    max_abs_logit_diff         max |logits − fp32 logits| over what the agreement compares (masked
+                               positions, sequences, real tokens); padding never counts
 
 Inputs per bucket L: the text as one stream (paragraphs concatenated, repeated as needed), the k-th
 sequence starting at paragraph k, alternately L − 2 and L/2 − 2 tokens long (so half of them are
@@ -40,7 +44,7 @@ from typing import Literal
 import numpy as np
 
 from .cpu import cpu_description
-from .heads import MASK_POSITIONS
+from .heads import MASK_POSITIONS, primary_head
 from .manifest import AccuracyGate, GateMeasured, GateThresholds, Manifest, PrecisionVariant
 
 GATE_TEXT = "gate_text.txt"
@@ -119,17 +123,39 @@ def cosine(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return np.sum(a * b, axis=-1) / np.maximum(norms, 1e-30)
 
 
+# Below every real score: a QA head's pad positions, so that neither graph's argmax lands there and
+# both sides hold the same number there (no difference counted)
+PAD_SCORE = -1e9
+
+
+def answer_scores(head: str, logits: np.ndarray, feeds: dict[str, np.ndarray], counts) -> np.ndarray:
+    """The rows of scores whose top-1 is one answer of `head`, (answers, choices), real inputs only.
+
+    fill-mask (B, P, V) → the real mask positions' rows; classification (B, C) as it is;
+    token-classification (B, L, C) → the real tokens' rows; question-answering (B, L, 2) → per sequence
+    its start scores and its end scores over the positions, pads set to PAD_SCORE."""
+    if head == "fill-mask":
+        return masked_rows(logits, counts)
+    if head == "token-classification":
+        return logits[feeds["attention_mask"].astype(bool)]
+    if head == "question-answering":
+        real = feeds["attention_mask"].astype(bool)
+        return np.concatenate([np.where(real, logits[..., i], PAD_SCORE) for i in (0, 1)])
+    return logits
+
+
 def measure_gate(
-    tokenizer, bucket: int, fill_mask: bool, reference: RunBatch, variant: RunBatch, thresholds: GateThresholds
+    tokenizer, bucket: int, head: str, reference: RunBatch, variant: RunBatch, thresholds: GateThresholds
 ) -> GateMeasured:
-    """One variant against fp32 at one bucket, with pass/fail against `thresholds`."""
+    """One variant of a model whose own head is `head` against fp32 at one bucket, with pass/fail
+    against `thresholds`."""
+    fill_mask = head == "fill-mask"
     agree, total, sims, max_diff = 0, 0, [], 0.0
     for feeds in gate_batches(tokenizer, bucket, fill_mask):
         counts = feeds.pop("_counts", None)
         ref, got = reference(bucket, feeds), variant(bucket, feeds)
-        ref_logits, got_logits = ref["logits"], got["logits"]
-        if fill_mask:
-            ref_logits, got_logits = masked_rows(ref_logits, counts), masked_rows(got_logits, counts)
+        ref_logits = answer_scores(head, ref["logits"], feeds, counts)
+        got_logits = answer_scores(head, got["logits"], feeds, counts)
         agree += int(np.sum(np.argmax(ref_logits, -1) == np.argmax(got_logits, -1)))
         total += len(ref_logits)
         max_diff = max(max_diff, float(np.max(np.abs(ref_logits - got_logits))))
@@ -218,8 +244,9 @@ class GateInputs:
     reference: RunBatch
 
     @property
-    def fill_mask(self) -> bool:
-        return "fill-mask" in self.manifest.heads
+    def head(self) -> str:
+        """The model's own head, whose answers the gate compares (export/heads.py)."""
+        return primary_head(self.manifest.model.architecture)
 
 
 def gate_inputs(export_dir: str | Path, manifest: Manifest) -> GateInputs:
@@ -242,7 +269,7 @@ def measure_variant(
     """The gate of one variant at each of `buckets` (default: every bucket of the dir), against `thresholds`:
     what export records and what `bigs export --verify` measures again."""
     return {
-        bucket: measure_gate(inputs.tokenizer, bucket, inputs.fill_mask, inputs.reference, variant.run, thresholds)
+        bucket: measure_gate(inputs.tokenizer, bucket, inputs.head, inputs.reference, variant.run, thresholds)
         for bucket in (buckets or inputs.manifest.buckets)
     }
 

@@ -150,10 +150,11 @@ def test_the_gate_passes_fp32_against_itself_and_catches_each_kind_of_damage(exp
     from export.onnx_runtime import load_sessions
 
     thresholds = GateThresholds()
-    for name, fill_mask in (("mlm", True), ("cls", False)):
+    for name, head in (("mlm", "fill-mask"), ("cls", "classification")):
+        fill_mask = head == "fill-mask"
         manifest = read_manifest(exports[name])
         reference = ort_runner(load_sessions(exports[name], buckets=[128], manifest=manifest))
-        same = measure_gate(tokenizer, 128, fill_mask, reference, reference, thresholds)
+        same = measure_gate(tokenizer, 128, head, reference, reference, thresholds)
         assert same.passed and same.max_abs_logit_diff == 0 and same.embedding_cosine_min > 0.99999
         agreement = same.fill_mask_top1_agreement if fill_mask else same.classification_agreement
         assert agreement == 1.0 and same.compared > (50 if fill_mask else 10)
@@ -168,8 +169,29 @@ def test_the_gate_passes_fp32_against_itself_and_catches_each_kind_of_damage(exp
             out["logits"] = out["logits"] + 3.0
 
         for damage, says in ((flip, "agreement"), (rotate, "embedding cosine"), (shift, "max abs logit diff")):
-            measured = measure_gate(tokenizer, 128, fill_mask, reference, _fake_variant(reference, damage), thresholds)
+            measured = measure_gate(tokenizer, 128, head, reference, _fake_variant(reference, damage), thresholds)
             assert not measured.passed and any(says in f for f in measured.failures), (damage.__name__, measured)
+
+
+def test_the_gate_compares_per_token_heads_at_real_tokens_only():
+    from export.gate import PAD_SCORE, answer_scores
+
+    mask = np.array([[1, 1, 1, 0], [1, 1, 0, 0]])
+    feeds = {"attention_mask": mask}
+    rng = np.random.default_rng(0)
+    # token classification (B, L, C): one row per real token (5), the pads' rows left out
+    tokens = rng.standard_normal((2, 4, 3))
+    rows = answer_scores("token-classification", tokens, feeds, None)
+    assert rows.shape == (5, 3) and np.array_equal(rows[3:], tokens[1, :2])
+    # question answering (B, L, 2): per sequence its start row and its end row, pads never the top
+    spans = rng.standard_normal((2, 4, 2))
+    spans[0, 3] = spans[1, 2:] = 50.0  # pads with the highest raw scores
+    rows = answer_scores("question-answering", spans, feeds, None)
+    assert rows.shape == (4, 4) and np.all(rows[:, 3] == PAD_SCORE)
+    assert np.array_equal(rows[0, :3], spans[0, :3, 0]) and np.array_equal(rows[3, :2], spans[1, :2, 1])
+    assert np.all(np.argmax(rows, -1) < mask.sum(-1)[[0, 1, 0, 1]])
+    # a classifier's rows are its sequences
+    assert answer_scores("classification", tokens[:, 0], feeds, None).shape == (2, 3)
 
 
 # -- exported variants ----------------------------------------------------------------------------
