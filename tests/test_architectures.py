@@ -325,14 +325,16 @@ def test_attention_is_one_onnx_attention_node_per_layer(row_exports, row):
 
 
 @pytest.mark.slow
-def test_every_row_is_served_and_equals_the_fill_mask_pipeline(row_exports, logs):
-    """One `bigs serve` with the four rows side by side, no setting per architecture: each answers
-    /v1/fill-mask as transformers' fill-mask pipeline on the same artifact."""
+@pytest.mark.parametrize("runtime", ["onnx", "stablehlo", "torch"])
+def test_every_row_is_served_and_equals_the_fill_mask_pipeline(row_exports, logs, runtime):
+    """One `bigs serve` with the four rows side by side, no setting per architecture, on each runtime
+    the service has: each row answers /v1/fill-mask as transformers' fill-mask pipeline on the same artifact."""
     import httpx
     from service_fixtures import Server, assert_same, masked_text
 
     # `from model import …` above registered BiGS with the Auto classes the pipeline uses.
-    server = Server({row: out for row, (_, _, out, _) in row_exports.items()}, logs, "rows")
+    models = {row: out for row, (_, _, out, _) in row_exports.items()}
+    server = Server(models, logs, f"rows-{runtime}", BIGS_RUNTIME=runtime)
     try:
         server.wait_ready()
         with httpx.Client(base_url=server.url, timeout=120) as client:
