@@ -1,9 +1,11 @@
 """Which precision to serve on this CPU: the one place that decides, with its reasons as data.
 
 Inputs: the CPU's flags (`/proc/cpuinfo`, as Linux names them) and, per reduced-precision variant
-of a model, whether the export dir has it and whether it passed its accuracy gate (the manifest,
-export/parity.py). Output: a `PrecisionChoice`: the precision, and one reason per candidate, taken
-or not. `choose_precision` is a pure function, tested over a table of CPUs and gates.
+of a model, whether the export dir has it and at which buckets it passed its accuracy gate (the
+manifest, export/gate.py). Output: a `PrecisionChoice`: the precision of each bucket, and the
+reasons, taken or not. `auto` decides per bucket: a variant that missed its gate at one bucket is
+still served at the others (docs/DESIGN.md §4.5). `choose_precision` is a pure function, tested over
+a table of CPUs and gates.
 
 The flags that matter (what each reduced precision needs to be fast; without them the int8 and bf16
 kernels exist but emulate, and are no faster than fp32 or slower):
@@ -23,6 +25,7 @@ the weight products.
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Literal
@@ -55,15 +58,43 @@ class VariantStatus:
     present: bool  # the dir has it (and this install can run it)
     passed: bool = False  # its accuracy gate passed at every bucket
     detail: str = ""  # e.g. the first failing measure, or why it cannot run
+    # per bucket measured: its first failing measure, "" where the gate passed there (manifest `gate`)
+    bucket_failures: dict[int, str] = field(default_factory=dict)
+
+    def passed_at(self, bucket: int) -> bool:
+        """Whether the variant may serve `bucket`: present, and its gate passed there."""
+        return self.present and (self.passed or self.bucket_failures.get(bucket) == "")
+
+
+MIXED = "mixed"  # what `precision` says of a model served at more than one precision
+
+
+def summary_precision(by_bucket: dict[int, str]) -> str:
+    """The one precision every bucket is served at, or "mixed" (a model without buckets: fp32)."""
+    served = set(by_bucket.values())
+    return served.pop() if len(served) == 1 else (MIXED if served else "fp32")
+
+
+def dominant_precision(by_bucket: dict[int, str]) -> str:
+    """The precision of the most buckets (a tie: the shortest bucket's), for a field that takes one
+    precision (TEI's `model_dtype`)."""
+    counts = Counter(p for _, p in sorted(by_bucket.items()))  # insertion order breaks ties
+    return counts.most_common(1)[0][0] if counts else "fp32"
 
 
 @dataclass(frozen=True)
 class PrecisionChoice:
-    precision: Precision
-    reasons: list[str] = field(default_factory=list)  # one per candidate considered, in order
+    by_bucket: dict[int, Precision]  # the precision each bucket is served at
+    reasons: list[str] = field(default_factory=list)  # one per candidate (or group of buckets), in order
+
+    @property
+    def precision(self) -> str:
+        """The one precision of every bucket, or "mixed" (only `auto` mixes)."""
+        return summary_precision(self.by_bucket)
 
     def explain(self) -> str:
-        return f"precision {self.precision}: " + "; ".join(self.reasons)
+        setting = "auto" if self.precision == MIXED else self.precision
+        return f"precision {setting}: " + "; ".join(self.reasons)
 
 
 class PrecisionUnavailable(ValueError):
@@ -71,14 +102,18 @@ class PrecisionUnavailable(ValueError):
 
 
 def choose_precision(
-    setting: PrecisionSetting, flags: Iterable[str], variants: dict[Precision, VariantStatus]
+    setting: PrecisionSetting, flags: Iterable[str], variants: dict[Precision, VariantStatus], buckets: Iterable[int]
 ) -> PrecisionChoice:
-    """The precision to serve. Explicit: that one if the dir has it and it passed its gate (else
-    `PrecisionUnavailable`), whatever the CPU. `auto`: the first of `preference(flags)` that this CPU
-    runs fast, that the dir has and that passed; fp32 when none does."""
-    flags = frozenset(flags)
+    """The precision to serve at each of `buckets`.
+
+    Explicit: that one at every bucket if the dir has it and its gate passed at every bucket (else
+    `PrecisionUnavailable`), whatever the CPU: an explicit precision is a promise about the whole
+    model, so a variant that failed at one bucket is refused rather than served in part.
+    `auto`: per bucket, the first of `preference(flags)` that this CPU runs fast, that the dir has and
+    whose gate passed at that bucket; fp32 at a bucket where none does."""
+    flags, buckets = frozenset(flags), sorted(buckets)
     if setting == "fp32":
-        return PrecisionChoice("fp32", ["fp32 asked for"])
+        return PrecisionChoice(dict.fromkeys(buckets, "fp32"), ["fp32 asked for"])
     if setting in REDUCED:
         status = variants.get(setting, VariantStatus(present=False))
         if not status.present:
@@ -90,32 +125,70 @@ def choose_precision(
         if not status.passed:
             raise PrecisionUnavailable(
                 f"precision {setting} asked for, but its variant failed its accuracy gate ({status.detail}): "
-                "serve precision auto or fp32"
+                "serve precision auto (which serves it at the buckets where its gate passed) or fp32"
             )
         fast = fast_flag(setting, flags)
         return PrecisionChoice(
-            setting, [f"{setting} asked for" + ("" if fast else " (this CPU has no flag that makes it fast)")]
+            dict.fromkeys(buckets, setting),
+            [f"{setting} asked for" + ("" if fast else " (this CPU has no flag that makes it fast)")],
         )
     if setting != "auto":
         raise ValueError(f"unknown precision {setting!r}: auto, fp32, int8 or bf16")
-    reasons = []
+
+    # The candidates auto may use somewhere (fast here, present, passed at some bucket); the others get
+    # one reason for the whole model.
+    whole_model: dict[Precision, str] = {}
+    usable: list[Precision] = []
     for precision in preference(flags):
         fast = fast_flag(precision, flags)
         status = variants.get(precision, VariantStatus(present=False))
         if fast is None:
             needs = " or ".join(FLAG_NAMES[f] for f in FAST_WITH[precision])
-            reasons.append(f"not {precision}: this CPU lacks {needs}")
+            whole_model[precision] = f"not {precision}: this CPU lacks {needs}"
         elif not status.present:
-            reasons.append(
-                f"not {precision}: no {precision} variant" + (f" ({status.detail})" if status.detail else "")
+            whole_model[precision] = f"not {precision}: no {precision} variant" + (
+                f" ({status.detail})" if status.detail else ""
             )
-        elif not status.passed:
-            reasons.append(f"not {precision}: failed its accuracy gate ({status.detail})")
+        elif not any(status.passed_at(b) for b in buckets):
+            whole_model[precision] = f"not {precision}: failed its accuracy gate ({status.detail})"
         else:
-            reasons.append(f"{precision}: this CPU has {FLAG_NAMES[fast]} and the variant passed its accuracy gate")
-            return PrecisionChoice(precision, reasons)
-    reasons.append("fp32: no faster variant applies")
-    return PrecisionChoice("fp32", reasons)
+            usable.append(precision)
+    by_bucket: dict[int, Precision] = {
+        b: next((p for p in usable if variants[p].passed_at(b)), "fp32") for b in buckets
+    }
+
+    if len(set(by_bucket.values())) <= 1:  # one precision everywhere: the reasons in preference order
+        served = summary_precision(by_bucket)
+        reasons = []
+        for precision in preference(flags):
+            if precision in whole_model:
+                reasons.append(whole_model[precision])
+            elif precision == served:
+                fast = fast_flag(precision, flags)
+                reasons.append(f"{precision}: this CPU has {FLAG_NAMES[fast]} and the variant passed its accuracy gate")
+                return PrecisionChoice(by_bucket, reasons)
+        reasons.append("fp32: no faster variant applies")
+        return PrecisionChoice(by_bucket, reasons)
+
+    # Mixed: per precision served, its buckets and why the candidates before it were not taken there.
+    reasons = []
+    for precision in (*preference(flags), "fp32"):
+        if precision in whole_model:
+            reasons.append(whole_model[precision])
+        at = [b for b in buckets if by_bucket[b] == precision]
+        if not at:
+            continue
+        why = []
+        if precision != "fp32":
+            why.append(f"this CPU has {FLAG_NAMES[fast_flag(precision, flags)]} and its gate passed there")
+        for earlier in usable[: usable.index(precision)] if precision in usable else usable:
+            failed = [(b, variants[earlier].bucket_failures.get(b) or "not measured") for b in at]
+            if len(failed) == 1:
+                why.append(f"{earlier} failed its gate there: {failed[0][1]}")
+            else:
+                why.append(f"{earlier} failed its gate: " + ", ".join(f"at {b}: {f}" for b, f in failed))
+        reasons.append(f"{precision} at {', '.join(map(str, at))} ({'; '.join(why)})")
+    return PrecisionChoice(by_bucket, reasons)
 
 
 def fast_flag(precision: Precision, flags: frozenset[str]) -> str | None:
@@ -139,7 +212,10 @@ def variant_statuses(manifest) -> dict[Precision, VariantStatus]:
         else:
             failures = variant.failures()
             statuses[precision] = VariantStatus(
-                present=True, passed=bool(variant.passed), detail=failures[0] if failures else ""
+                present=True,
+                passed=bool(variant.passed),
+                detail=failures[0] if failures else "",
+                bucket_failures={b: (m.failures[0] if m.failures else "") for b, m in variant.gate.items()},
             )
     return statuses
 
@@ -151,10 +227,11 @@ def _openvino_installed() -> bool:
 
 
 def precision_for_model(setting: PrecisionSetting, runtime: str, manifest) -> PrecisionChoice:
-    """The precision one served model runs at: reduced precision is a variant of the ONNX graphs, so
-    other runtimes serve fp32 (an explicit int8/bf16 with them is an error)."""
+    """The precision each bucket of one served model runs at: reduced precision is a variant of the
+    ONNX graphs, so other runtimes serve fp32 (an explicit int8/bf16 with them is an error)."""
     if runtime != "onnx":
         if setting in REDUCED:
             raise PrecisionUnavailable(f"precision {setting} needs runtime onnx (runtime {runtime} serves fp32)")
-        return PrecisionChoice("fp32", [f"runtime {runtime} serves fp32"])
-    return choose_precision(setting, cpu_flags(), variant_statuses(manifest))
+        buckets = manifest.buckets if manifest is not None else []
+        return PrecisionChoice(dict.fromkeys(buckets, "fp32"), [f"runtime {runtime} serves fp32"])
+    return choose_precision(setting, cpu_flags(), variant_statuses(manifest), manifest.buckets)

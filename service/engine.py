@@ -128,7 +128,7 @@ class ModelEngine:
             settings.intra_op_threads,
             settings.ort_spin_wait,
             settings.ort_shared_arena,
-            self.precision_choice.precision,
+            self.precision_choice.by_bucket,
         )
         self.batcher = ModelBatcher(name, self.runtime, settings, metrics)
         self.loaded_at = int(time.time())
@@ -144,6 +144,7 @@ class ModelEngine:
             buckets=self.buckets,
             runtime=self.runtime.kind,
             precision=self.runtime.precision,
+            bucket_precisions=self.runtime.precisions,
         )
 
     # -- lifecycle --------------------------------------------------------------------------

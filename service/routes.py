@@ -21,6 +21,7 @@ from fastapi.security import HTTPBearer
 from pydantic import BaseModel, ValidationError
 
 from . import package_version
+from .cpu_features import dominant_precision
 from .engine import Answer
 from .errors import ServiceError, error_response
 from .schemas import (
@@ -418,7 +419,9 @@ async def tei_decode(body: TEIDecodeRequest, request: Request):
     return await service(request).default_engine().decode(sequences, body.skip_special_tokens)
 
 
-MODEL_DTYPE = {"fp32": "float32", "int8": "int8", "bf16": "bfloat16"}  # TEI's words for the precision served
+# TEI's words for the precision served. TEI's `model_dtype` is one dtype: a model served at several
+# precisions (auto, per bucket) gives the precision of most of its buckets; /v1/models has them all.
+MODEL_DTYPE = {"fp32": "float32", "int8": "int8", "bf16": "bfloat16"}
 
 
 @tei.get("/info", summary="The default model and the service's limits (TEI)", response_model=TEIInfo,
@@ -435,7 +438,7 @@ async def tei_info(request: Request):
         model_type = {"embedding": {"pooling": "mean"}}
     return {
         "model_id": engine.name,
-        "model_dtype": MODEL_DTYPE[engine.runtime.precision],
+        "model_dtype": MODEL_DTYPE[dominant_precision(engine.runtime.precisions)],
         "model_type": model_type,
         "max_concurrent_requests": settings.max_in_flight,
         "max_input_length": engine.max_length,

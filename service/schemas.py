@@ -245,7 +245,12 @@ class ModelCard(BaseModel):
     max_length: int | None = None
     buckets: list[int] | None = None
     runtime: str | None = None
-    precision: str | None = Field(None, description="the precision served: fp32, int8 or bf16")
+    precision: str | None = Field(
+        None, description="the precision served: fp32, int8 or bf16, or mixed (then per bucket: bucket_precisions)"
+    )
+    bucket_precisions: dict[int, str] | None = Field(
+        None, description="the precision each bucket is served at (precision auto decides per bucket)"
+    )
     error: str | None = Field(None, description="why it failed to load (skip_failed_models)")
 
 

@@ -25,9 +25,10 @@ class ServiceSettings(BaseSettings):
     )
     precision: Literal["auto", "fp32", "int8", "bf16"] = Field(
         "auto",
-        description="auto: per model, the fastest reduced-precision variant of its export dir that passed its "
-        "accuracy gate and that this CPU runs fast (int8 with VNNI or AMX-INT8, bf16 with AMX-BF16), else fp32; "
-        "int8 or bf16: that variant or a start-up error (runtime onnx; bf16 runs on OpenVINO)",
+        description="auto: per model and bucket, the fastest reduced-precision variant of its export dir that "
+        "passed its accuracy gate at that bucket and that this CPU runs fast (int8 with VNNI or AMX-INT8, bf16 with "
+        "AMX-BF16), else fp32; int8 or bf16: that variant at every bucket (its gate passed at every bucket) or a "
+        "start-up error (runtime onnx; bf16 runs on OpenVINO)",
     )
     host: str = Field("127.0.0.1", description="address to listen on (0.0.0.0: every interface, as in the image)")
     port: int = Field(8000, ge=1, le=65535, description="TCP port to listen on")

@@ -1,6 +1,7 @@
 """Reduced precision: which precision for which CPU, the accuracy gate, and the variants served.
 
-- `choose_precision` over a table of CPUs (flags as Linux names them) and gates (pure function).
+- `choose_precision` over a table of CPUs (flags as Linux names them) and gates (pure function), per
+  bucket: a variant that failed its gate at one bucket is served by `auto` at the others, fp32 there.
 - The gate: computed on real text, recorded per variant and bucket in the manifest, and able to fail
   (a degraded variant is caught by each of its measures).
 - `bigs export --verify` measures each recorded variant's gate again on this CPU with the recorded
@@ -8,9 +9,12 @@
   another gate text fails, and bf16 without OpenVINO is a note.
 - The variants, run through the service's runtimes: padded = unpadded and batched = single within
   the gate (dynamic int8 quantizes activations per batch, so neither holds exactly).
+- A runtime per bucket: int8 at one bucket and fp32 at another over one copy of the weights, bf16
+  (OpenVINO) at one and int8 (ORT) at another; each bucket answers what its precision's runtime does.
 - Through a real `bigs serve`: auto picks what the decision says and the start-up log says why;
-  int8 answers within the gate of fp32's; an explicit precision the dir lacks is a one-line start-up
-  failure with status 1.
+  int8 answers within the gate of fp32's; an int8 variant that failed its gate at one bucket serves
+  int8 at the other (within the gate of fp32) and fp32 there (equal to fp32), and the log and
+  /v1/models say so; an explicit precision the dir lacks is a one-line start-up failure with status 1.
 """
 
 from __future__ import annotations
@@ -28,6 +32,8 @@ from service.cpu_features import (
     VariantStatus,
     choose_precision,
     cpu_flags,
+    dominant_precision,
+    fast_flag,
     precision_for_model,
 )
 
@@ -41,6 +47,18 @@ SAPPHIRE_RAPIDS = {"avx512f", "avx512_vnni", "avx512_bf16", "amx_bf16", "amx_int
 ZEN4 = {"avx512f", "avx512_vnni", "avx512_bf16"}
 ALDER_LAKE = {"avx2", "avx_vnni"}
 SKYLAKE = {"avx2", "avx512f"}
+
+BUCKETS = [128, 512, 1024, 4096]
+
+
+def failing_at(*failing: int) -> VariantStatus:
+    """A variant whose recorded gate failed at `failing` buckets only (passed at the other BUCKETS)."""
+    failures = {b: (f"max abs logit diff 2.{b % 7} > 2" if b in failing else "") for b in BUCKETS}
+    first = min(failing)
+    return VariantStatus(
+        present=True, passed=False, detail=f"bucket {first}: {failures[first]}", bucket_failures=failures
+    )
+
 
 # (cpu flags, int8 status, bf16 status) → precision auto serves
 AUTO_CASES = {
@@ -60,34 +78,92 @@ AUTO_CASES = {
 @pytest.mark.parametrize("case", list(AUTO_CASES))
 def test_auto_serves_the_fastest_variant_that_passed_its_gate_and_this_cpu_runs_fast(case):
     flags, int8, bf16, expected = AUTO_CASES[case]
-    choice = choose_precision("auto", flags, {"int8": int8, "bf16": bf16})
+    choice = choose_precision("auto", flags, {"int8": int8, "bf16": bf16}, BUCKETS)
     assert choice.precision == expected, choice.explain()
+    assert choice.by_bucket == dict.fromkeys(BUCKETS, expected)
     assert choice.reasons and choice.reasons[-1].startswith(expected), choice.reasons
 
 
 def test_auto_gives_a_reason_for_every_candidate_it_passed_over():
-    choice = choose_precision("auto", SAPPHIRE_RAPIDS, {"int8": FAILED, "bf16": ABSENT})
+    choice = choose_precision("auto", SAPPHIRE_RAPIDS, {"int8": FAILED, "bf16": ABSENT}, BUCKETS)
     assert choice.precision == "fp32"
     assert choice.reasons == [
         "not bf16: no bf16 variant",
         f"not int8: failed its accuracy gate ({FAILED.detail})",
         "fp32: no faster variant applies",
     ]
-    lacking = choose_precision("auto", SKYLAKE, {"int8": PASSED, "bf16": PASSED})
+    lacking = choose_precision("auto", SKYLAKE, {"int8": PASSED, "bf16": PASSED}, BUCKETS)
     assert "AVX512-VNNI or AVX-VNNI" in lacking.explain() and "AMX-BF16" in lacking.explain()
 
 
 @pytest.mark.parametrize("precision", ["int8", "bf16"])
 def test_an_explicit_precision_is_served_whatever_the_cpu_when_its_variant_passed(precision):
-    choice = choose_precision(precision, set(), {precision: PASSED})
+    choice = choose_precision(precision, set(), {precision: PASSED}, BUCKETS)
     assert choice.precision == precision and "no flag that makes it fast" in choice.explain()
-    assert choose_precision("fp32", SAPPHIRE_RAPIDS, {"int8": PASSED, "bf16": PASSED}).precision == "fp32"
+    assert choose_precision("fp32", SAPPHIRE_RAPIDS, {"int8": PASSED, "bf16": PASSED}, BUCKETS).precision == "fp32"
 
 
-@pytest.mark.parametrize(("status", "says"), [(ABSENT, "has no int8 variant"), (FAILED, "failed its accuracy gate")])
-def test_an_explicit_precision_the_dir_lacks_or_that_failed_its_gate_is_refused(status, says):
+@pytest.mark.parametrize(
+    ("status", "says"),
+    [
+        (ABSENT, "has no int8 variant"),
+        (FAILED, "failed its accuracy gate"),
+        (failing_at(4096), r"failed its accuracy gate \(bucket 4096: max abs logit diff"),
+    ],
+)
+def test_an_explicit_precision_the_dir_lacks_or_that_failed_its_gate_at_any_bucket_is_refused(status, says):
     with pytest.raises(PrecisionUnavailable, match=says):
-        choose_precision("int8", ZEN4, {"int8": status})
+        choose_precision("int8", ZEN4, {"int8": status}, BUCKETS)
+
+
+# (cpu flags, int8 status, bf16 status) → the precision auto serves at each of BUCKETS (128, 512, 1024, 4096)
+PER_BUCKET_CASES = {
+    "zen 4, int8 failed at 4096: int8 elsewhere, fp32 there": (
+        ZEN4, failing_at(4096), PASSED, ["int8", "int8", "int8", "fp32"]),
+    "zen 4, int8 failed at 128 and 4096": (ZEN4, failing_at(128, 4096), ABSENT, ["fp32", "int8", "int8", "fp32"]),
+    "amx, bf16 failed at 4096: int8 there": (SAPPHIRE_RAPIDS, PASSED, failing_at(4096), ["bf16", "bf16", "bf16", "int8"]),
+    "amx, both failed at 4096: fp32 there": (
+        SAPPHIRE_RAPIDS, failing_at(4096), failing_at(4096), ["bf16", "bf16", "bf16", "fp32"]),
+    "amx, bf16 failed at 128, int8 at 4096": (
+        SAPPHIRE_RAPIDS, failing_at(4096), failing_at(128), ["int8", "bf16", "bf16", "bf16"]),
+    "amx, bf16 failed at every bucket, int8 at 4096": (
+        SAPPHIRE_RAPIDS, failing_at(4096), failing_at(*BUCKETS), ["int8", "int8", "int8", "fp32"]),
+    "zen 4, int8 failed at every bucket: fp32 (bf16 not fast)": (
+        ZEN4, failing_at(*BUCKETS), PASSED, ["fp32"] * 4),
+    "no vnni: fp32 even where int8 passed": (SKYLAKE, failing_at(4096), PASSED, ["fp32"] * 4),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("case", list(PER_BUCKET_CASES))
+def test_auto_serves_at_each_bucket_the_fastest_variant_whose_gate_passed_at_that_bucket(case):
+    flags, int8, bf16, expected = PER_BUCKET_CASES[case]
+    choice = choose_precision("auto", flags, {"int8": int8, "bf16": bf16}, BUCKETS)
+    assert choice.by_bucket == dict(zip(BUCKETS, expected, strict=True)), choice.explain()
+    assert choice.precision == (expected[0] if len(set(expected)) == 1 else "mixed")
+
+
+def test_a_mixed_choice_names_each_precisions_buckets_and_the_bucket_and_measure_that_ruled_a_variant_out():
+    int8 = failing_at(4096)
+    choice = choose_precision("auto", ZEN4, {"int8": int8, "bf16": PASSED}, BUCKETS)
+    assert choice.explain() == (
+        "precision auto: int8 at 128, 512, 1024 (this CPU has AVX512-VNNI and its gate passed there); "
+        "not bf16: this CPU lacks AMX-BF16; "
+        f"fp32 at 4096 (int8 failed its gate there: {int8.bucket_failures[4096]})"
+    )
+    two = failing_at(128, 4096)
+    amx = choose_precision("auto", SAPPHIRE_RAPIDS, {"int8": two, "bf16": failing_at(*BUCKETS)}, BUCKETS)
+    assert amx.reasons == [
+        "not bf16: failed its accuracy gate (bucket 128: max abs logit diff 2.2 > 2)",
+        "int8 at 512, 1024 (this CPU has AMX-INT8 and its gate passed there)",
+        "fp32 at 128, 4096 (int8 failed its gate: at 128: max abs logit diff 2.2 > 2, "
+        "at 4096: max abs logit diff 2.1 > 2)",
+    ]
+
+
+def test_a_field_of_one_precision_gets_the_precision_of_most_buckets_the_shortest_breaking_ties():
+    assert dominant_precision({128: "int8", 512: "int8", 1024: "int8", 4096: "fp32"}) == "int8"
+    assert dominant_precision({128: "fp32", 512: "int8", 1024: "int8", 4096: "fp32"}) == "fp32"
+    assert dominant_precision({512: "fp32", 128: "int8"}) == "int8"
 
 
 def test_other_runtimes_serve_fp32_and_refuse_an_explicit_reduced_precision():
@@ -438,6 +514,50 @@ def test_reduced_variants_keep_padded_equal_unpadded_and_batched_equal_single_wi
         _within_gate(batched, padded, head)
 
 
+@pytest.mark.slow
+def test_int8_at_one_bucket_and_fp32_at_another_run_each_buckets_own_graph_over_one_copy_of_the_weights(
+    variant_exports, tokenizer
+):
+    from export.manifest import read_manifest
+    from service.runtimes import load_runtime
+
+    export_dir = variant_exports["cls"]
+    mixed = load_runtime("onnx", export_dir, read_manifest(export_dir), precision={128: "int8", 512: "fp32"})
+    assert (mixed.kind, mixed.precision, mixed.precisions) == ("onnx", "mixed", {128: "int8", 512: "fp32"})
+    assert mixed.sessions[128].bigs_shared_weights is mixed.sessions[512].bigs_shared_weights
+    whole = {p: _runtime(export_dir, p) for p in ("int8", "fp32")}
+    sequences = _sequences(tokenizer, 3, seed=1)
+    for head in ("classification", "embeddings"):
+        for bucket, precision in mixed.precisions.items():
+            got = mixed.run(head, bucket, _batch(sequences, bucket))
+            np.testing.assert_array_equal(got, whole[precision].run(head, bucket, _batch(sequences, bucket)))
+        # the two buckets really run different graphs: int8 at 128 is not fp32's answer
+        assert not np.array_equal(
+            mixed.run(head, 128, _batch(sequences, 128)), whole["fp32"].run(head, 128, _batch(sequences, 128))
+        )
+
+
+@pytest.mark.slow
+def test_bf16_on_openvino_at_one_bucket_and_int8_on_ort_at_another_are_one_runtime_sending_each_bucket_to_its_own(
+    variant_exports, tokenizer
+):
+    from export.manifest import read_manifest
+    from service.runtimes import PerBucketRuntime, load_runtime
+
+    if not bf16_runs_here():
+        pytest.skip("this CPU has neither AVX512_BF16 nor AMX: export wrote no bf16 variant")
+    export_dir = variant_exports["cls"]
+    mixed = load_runtime("onnx", export_dir, read_manifest(export_dir), precision={128: "bf16", 512: "int8"})
+    assert isinstance(mixed, PerBucketRuntime) and mixed.kind == "openvino+onnx"
+    assert (mixed.precision, mixed.precisions, mixed.buckets) == ("mixed", {128: "bf16", 512: "int8"}, [128, 512])
+    whole = {p: _runtime(export_dir, p) for p in ("bf16", "int8")}
+    sequences = _sequences(tokenizer, 3, seed=2)
+    for head in ("classification", "embeddings"):
+        for bucket, precision in mixed.precisions.items():
+            got = mixed.run(head, bucket, _batch(sequences, bucket))
+            np.testing.assert_array_equal(got, whole[precision].run(head, bucket, _batch(sequences, bucket)))
+
+
 # -- through the real service ---------------------------------------------------------------------
 
 
@@ -521,3 +641,93 @@ def test_an_explicit_precision_the_export_dir_lacks_ends_serve_with_status_1_and
     assert rc == 1, log
     assert last.startswith("bigs serve: model 'fill' failed to load from ") and "has no int8 variant" in last, last
     assert "Traceback" not in log
+
+
+def _texts_of_length(tokenizer, lowest: int, highest: int, count: int) -> list[str]:
+    """`count` texts of the gate's paragraphs whose token count (with [CLS] and [SEP]) is in (lowest, highest]."""
+    from export.gate import paragraphs
+
+    texts, words = [], " ".join(paragraphs()).split()
+    start = 0
+    while len(texts) < count:
+        n = 5
+        while len(tokenizer.encode(" ".join(words[start : start + n])).ids) <= lowest:
+            n += 5
+        text = " ".join(words[start : start + n])
+        assert len(tokenizer.encode(text).ids) <= highest, (lowest, highest)
+        texts.append(text)
+        start += n
+    return texts
+
+
+@pytest.mark.slow
+def test_an_int8_variant_that_failed_its_gate_at_one_bucket_is_served_int8_at_the_other_and_fp32_there(
+    variant_exports, tmp_path, logs, tokenizer
+):
+    from service_fixtures import Server
+
+    from export.gate import cosine
+    from export.manifest import read_manifest
+    from service.routes import MODEL_DTYPE
+
+    if fast_flag("int8", cpu_flags()) is None:
+        pytest.skip("this CPU has no VNNI or AMX-INT8: auto serves fp32 at every bucket")
+    gate = read_manifest(variant_exports["cls"]).precisions["int8"].gate
+    diffs = {bucket: m.max_abs_logit_diff for bucket, m in gate.items()}
+    worst, best = max(diffs, key=diffs.get), min(diffs, key=diffs.get)
+    assert diffs[worst] > diffs[best], diffs
+
+    def fail_one_bucket(manifest):
+        # A threshold between the two buckets' recorded figures, and the verdicts the manifest's own
+        # rule gives them under it: the int8 variant now failed at `worst` only.
+        thresholds = manifest.gate.thresholds
+        thresholds.max_abs_logit_diff_max = (diffs[worst] + diffs[best]) / 2
+        variant = manifest.precisions["int8"]
+        for measured in variant.gate.values():
+            measured.failures = thresholds.failures(measured)
+        variant.passed = not variant.failures()
+
+    tampered = _tampered_copy(variant_exports["cls"], tmp_path, fail_one_bucket)
+    expected = precision_for_model("auto", "onnx", read_manifest(tampered))
+    assert expected.by_bucket == {best: "int8", worst: "fp32"}, expected.explain()
+    servers = {
+        "auto": Server({"cls": tampered}, logs, "precision-per-bucket", BIGS_WARMUP="false"),
+        "fp32": Server({"cls": variant_exports["cls"]}, logs, "precision-fp32", BIGS_PRECISION="fp32", BIGS_WARMUP="false"),
+    }  # fmt: skip
+    texts = {128: _texts_of_length(tokenizer, 0, 128, 4), 512: _texts_of_length(tokenizer, 128, 512, 2)}
+    try:
+        answers = {}
+        for name, server in servers.items():
+            server.wait_ready()
+            with httpx.Client(base_url=server.url, timeout=120) as client:
+                answers[name] = {}
+                for bucket, inputs in texts.items():
+                    embed = client.post("/v1/embed", json={"model": "cls", "inputs": inputs})
+                    classify = client.post("/v1/classify", json={"model": "cls", "inputs": inputs})
+                    assert embed.status_code == classify.status_code == 200, (embed.text, classify.text)
+                    answers[name][bucket] = (np.array(embed.json()["embeddings"]), classify.json())
+                if name == "auto":
+                    (card,) = client.get("/v1/models").json()["data"]
+                    dtype = client.get("/info").json()["model_dtype"]
+        assert card["precision"] == "mixed" and card["runtime"] == "onnx"
+        assert card["bucket_precisions"] == {str(b): p for b, p in expected.by_bucket.items()}
+        assert dtype == MODEL_DTYPE[dominant_precision(expected.by_bucket)]
+        log = servers["auto"].log()
+        assert expected.explain() in log, log
+        assert f"int8 at {best} (" in log and f"fp32 at {worst} (int8 failed its gate there: max abs logit diff" in log
+
+        thresholds = read_manifest(tampered).gate.thresholds
+        top = lambda answer: [scores[0]["label"] for scores in answer]  # noqa: E731
+        for bucket, precision in expected.by_bucket.items():
+            (fp32_embed, fp32_classify), (embed, classify) = answers["fp32"][bucket], answers["auto"][bucket]
+            if precision == "fp32":  # the same graph and inputs as the fp32 server's: the same answers
+                np.testing.assert_array_equal(embed, fp32_embed)
+                assert classify == fp32_classify
+            else:  # int8: another answer, within the gate of fp32's
+                assert not np.array_equal(embed, fp32_embed)
+                assert cosine(embed, fp32_embed).min() >= thresholds.embedding_cosine_min
+                agree = np.mean([a == b for a, b in zip(top(classify), top(fp32_classify), strict=True)])
+                assert agree >= thresholds.classification_agreement_min, (classify, fp32_classify)
+    finally:
+        for server in servers.values():
+            server.stop()

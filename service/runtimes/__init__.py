@@ -5,6 +5,11 @@
             the int8 graphs at precision int8.
 - openvino  OpenVINO over the same fp32 graphs at bf16: what the onnx runtime becomes at precision
             bf16 (`load_runtime` picks it; service/cpu_features.py decides the precision).
+
+Precision `auto` decides per bucket (service/cpu_features.py), so one model may be served int8 at
+some buckets and fp32 at others (one ORT runtime, sessions of either graph over the one weights
+file), or bf16 at some: then its bf16 buckets are an OpenVINO runtime's and the rest an ORT
+runtime's, and `PerBucketRuntime` is the one place a bucket is sent to its runtime.
 - stablehlo the export dir's `jax.export` artifacts, called with no model code.
 - torch     the torch model of the artifact itself, eager: the reference the others are measured
             against (needs the `torch` extra).
@@ -23,10 +28,13 @@ import numpy as np
 
 from export.manifest import Manifest
 
+from ..cpu_features import summary_precision
+
 
 class Runtime(Protocol):
     kind: str
-    precision: str  # "fp32" | "int8" | "bf16"
+    precision: str  # "fp32" | "int8" | "bf16", or "mixed" (service/cpu_features.py `summary_precision`)
+    precisions: dict[int, str]  # per bucket: "fp32" | "int8" | "bf16"
     heads: list[str]
     buckets: list[int]
 
@@ -43,20 +51,27 @@ def load_runtime(
     intra_op_threads: int = 0,
     ort_spin_wait: bool = False,
     ort_shared_arena: bool = True,
-    precision: str = "fp32",
+    precision: str | dict[int, str] = "fp32",
 ) -> Runtime:
-    """The runtime `kind` at `precision` (already chosen: service/cpu_features.py); reduced
-    precision is a variant of the ONNX graphs, so only `onnx` takes it."""
-    if kind != "onnx" and precision != "fp32":
-        raise ValueError(f"precision {precision} needs runtime onnx (runtime {kind} serves fp32)")
-    if kind == "onnx" and precision == "bf16":
-        from .openvino import OpenVinoRuntime
-
-        return OpenVinoRuntime(export_dir, manifest, precision, intra_op_threads)
+    """The runtime `kind` at `precision`, one for the model or one per bucket (already chosen:
+    service/cpu_features.py); reduced precision is a variant of the ONNX graphs, so only `onnx` takes
+    it. bf16 buckets run on OpenVINO, fp32 and int8 buckets on ORT."""
+    by_bucket = dict.fromkeys(manifest.buckets, precision) if isinstance(precision, str) else dict(precision)
+    if kind != "onnx" and set(by_bucket.values()) - {"fp32"}:
+        raise ValueError(f"precision {summary_precision(by_bucket)} needs runtime onnx (runtime {kind} serves fp32)")
     if kind == "onnx":
-        from .onnx import OnnxRuntime
+        parts: list[Runtime] = []
+        bf16 = [b for b, p in by_bucket.items() if p == "bf16"]
+        if bf16:
+            from .openvino import OpenVinoRuntime
 
-        return OnnxRuntime(export_dir, manifest, intra_op_threads, ort_spin_wait, ort_shared_arena, precision)
+            parts.append(OpenVinoRuntime(export_dir, manifest, "bf16", intra_op_threads, buckets=bf16))
+        on_ort = {b: p for b, p in by_bucket.items() if p != "bf16"}
+        if on_ort:
+            from .onnx import OnnxRuntime
+
+            parts.append(OnnxRuntime(export_dir, manifest, intra_op_threads, ort_spin_wait, ort_shared_arena, on_ort))
+        return parts[0] if len(parts) == 1 else PerBucketRuntime(parts)
     if kind == "stablehlo":
         from .stablehlo import StableHLORuntime
 
@@ -66,3 +81,19 @@ def load_runtime(
 
         return TorchRuntime(export_dir, manifest, intra_op_threads)
     raise ValueError(f"unknown runtime {kind!r}: onnx, stablehlo or torch")
+
+
+class PerBucketRuntime:
+    """One model whose buckets are split between runtimes (bf16 on OpenVINO, the rest on ORT): each
+    call goes to the runtime that holds its bucket. Built by `load_runtime` only for such a mix."""
+
+    def __init__(self, parts: list[Runtime]):
+        self.of_bucket: dict[int, Runtime] = {b: part for part in parts for b in part.buckets}
+        self.kind = "+".join(part.kind for part in parts)  # e.g. "openvino+onnx"
+        self.heads = list(parts[0].heads)
+        self.buckets = sorted(self.of_bucket)
+        self.precisions = {b: self.of_bucket[b].precisions[b] for b in self.buckets}
+        self.precision = summary_precision(self.precisions)
+
+    def run(self, head: str, bucket: int, inputs: dict[str, np.ndarray]) -> np.ndarray:
+        return self.of_bucket[bucket].run(head, bucket, inputs)

@@ -1,4 +1,8 @@
-"""ONNX Runtime: one session per bucket (fp32 or int8 graphs), all over one copy of the weights, read into memory."""
+"""ONNX Runtime: one session per bucket (its fp32 or its int8 graph), all over one copy of the weights, read into memory.
+
+The int8 and fp32 graphs of a bucket share the weights file, so a model served int8 at some buckets
+and fp32 at others (precision auto per bucket, service/cpu_features.py) holds one copy of the weights.
+"""
 
 from __future__ import annotations
 
@@ -9,7 +13,9 @@ import onnxruntime as ort
 
 from export.heads import MASK_POSITIONS, signature
 from export.manifest import Manifest
-from export.onnx_runtime import load_sessions
+from export.onnx_runtime import load_sessions, map_weights
+
+from ..cpu_features import summary_precision
 
 
 def available_providers() -> list[str]:
@@ -28,21 +34,29 @@ class OnnxRuntime:
         intra_op_threads: int = 0,
         spin_wait: bool = False,
         shared_arena: bool = True,
-        precision: str = "fp32",  # or "int8": the dir's int8 graphs (the same shared weights file)
+        precision: str | dict[int, str] = "fp32",  # or "int8"; or per bucket, {bucket: "fp32" | "int8"}
     ):
         self.heads = list(manifest.heads)
-        self.precision = precision
-        self.sessions = load_sessions(  # one graph per bucket serves every head: outputs chosen per call
-            export_dir,
-            variant=precision,
-            intra_op_threads=intra_op_threads or None,
-            providers=available_providers(),
-            spin_wait=spin_wait,
-            manifest=manifest,
-            in_memory_weights=True,  # a weights file changed under the server changes nothing (no SIGBUS)
-            shared_arena=shared_arena,  # warm-up does not pin an arena per session (export/onnx_runtime.py)
-        )
+        if isinstance(precision, str):
+            precision = dict.fromkeys(manifest.buckets, precision)
+        # a weights file changed under the server changes nothing (no SIGBUS): read, not mapped
+        shared = map_weights(export_dir, manifest, in_memory=True)
+        self.sessions = {}
+        for variant in sorted(set(precision.values())):
+            self.sessions |= load_sessions(  # one graph per bucket serves every head: outputs chosen per call
+                export_dir,
+                buckets=[b for b, p in precision.items() if p == variant],
+                variant=variant,
+                intra_op_threads=intra_op_threads or None,
+                shared=shared,  # fp32 and int8 graphs over the one copy of the weights
+                providers=available_providers(),
+                spin_wait=spin_wait,
+                manifest=manifest,
+                shared_arena=shared_arena,  # warm-up does not pin an arena per session (export/onnx_runtime.py)
+            )
         self.buckets = sorted(self.sessions)
+        self.precisions = {b: precision[b] for b in self.buckets}
+        self.precision = summary_precision(self.precisions)
         first = self.sessions[self.buckets[0]]
         self.input_names = {i.name for i in first.get_inputs()}
 

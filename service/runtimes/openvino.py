@@ -20,11 +20,21 @@ from export.openvino_runtime import load_compiled
 class OpenVinoRuntime:
     kind = "openvino"
 
-    def __init__(self, export_dir: str | Path, manifest: Manifest, precision: str = "bf16", intra_op_threads: int = 0):
+    def __init__(
+        self,
+        export_dir: str | Path,
+        manifest: Manifest,
+        precision: str = "bf16",
+        intra_op_threads: int = 0,
+        buckets: list[int] | None = None,  # None: every bucket; else the buckets this runtime serves
+    ):
         self.heads = list(manifest.heads)
         self.precision = precision
-        self.compiled = load_compiled(export_dir, precision, threads=intra_op_threads or None, manifest=manifest)
+        self.compiled = load_compiled(
+            export_dir, precision, buckets=buckets, threads=intra_op_threads or None, manifest=manifest
+        )
         self.buckets = sorted(self.compiled)
+        self.precisions = dict.fromkeys(self.buckets, precision)
         self.input_names = set(self.compiled[self.buckets[0]].input_names)
 
     def run(self, head: str, bucket: int, inputs: dict[str, np.ndarray]) -> np.ndarray:

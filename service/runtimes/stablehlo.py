@@ -25,6 +25,7 @@ class StableHLORuntime:
     def __init__(self, export_dir: str | Path, manifest: Manifest):
         self.heads = list(manifest.heads)
         self.buckets = list(manifest.buckets)
+        self.precisions = dict.fromkeys(self.buckets, self.precision)
         self.functions = {
             (h, b): load_stablehlo(export_dir, h, b, manifest=manifest) for h in self.heads for b in self.buckets
         }

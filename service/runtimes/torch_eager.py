@@ -32,6 +32,7 @@ class TorchRuntime:
             torch.set_num_threads(intra_op_threads)
         self.heads = list(manifest.heads)
         self.buckets = list(manifest.buckets)
+        self.precisions = dict.fromkeys(self.buckets, self.precision)
         loader = getattr(transformers, AUTO_CLASS_OF_HEAD[self.heads[0]])  # the model's own head comes first
         self.model = loader.from_pretrained(str(export_dir), ssm_formulation="fft").eval()
 
