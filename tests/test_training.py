@@ -67,6 +67,10 @@ def test_pretraining_lowers_held_out_mlm_loss(pretrained):
     assert card["held_out"]["eval_loss"] == pytest.approx(last)
     assert card["data"]["splits"]["validation"]["documents"] > 0
     assert card["tokens_seen"] > 0 and card["device"]["backend"] == "cpu"
+    throughput = card["throughput"]
+    assert throughput["flops_per_step"] > 0 and throughput["tokens_per_s_steady"] > 0
+    assert throughput["windows"] == 30 and throughput["windows_in_summary"] == 29  # the first one compiled
+    assert "mfu" not in throughput and "no datasheet peak" in throughput["peak_source"]  # a CPU has none
     assert (artifact.parent / "curves.png").stat().st_size > 0
 
 

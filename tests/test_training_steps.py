@@ -108,3 +108,100 @@ def test_ssm_parameters_get_the_slower_rate_and_no_decay():
     assert layer["dv"]["kernel"] == "decay" and layer["dv"]["bias"] == "no_decay"
     assert layer["LayerNorm"]["scale"] == "no_decay"
     assert set(jax.tree_util.tree_leaves(groups)) == {"ssm", "decay", "no_decay"}
+
+
+def _tiny_mlm_task(dropout: float = 0.1):
+    """A 2-layer MLM and a batch source that is a pure function of the step, as the stages' are."""
+    import numpy as np
+
+    from model import BiGSConfig
+    from model.modeling_flax_bigs import FlaxBiGSForMaskedLMModule, init_params
+    from training.steps import mlm_loss_sums
+    from training.trainer import TrainTask
+
+    model_config = BiGSConfig(vocab_size=150, hidden_size=32, num_hidden_layers=2, intermediate_size=96,
+                              max_position_embeddings=32, hidden_dropout_prob=dropout)  # fmt: skip
+    module = FlaxBiGSForMaskedLMModule(model_config)
+    params = init_params(module, seed=0)
+
+    def batch_at(step: int) -> dict:
+        rng = np.random.default_rng(step)
+        ids = rng.integers(5, 150, (16, 32))
+        labels = np.where(rng.random((16, 32)) < 0.3, ids, -100)
+        return {"input_ids": np.where(labels != -100, 3, ids), "attention_mask": np.ones_like(ids),
+                "token_type_ids": np.zeros_like(ids), "labels": labels}  # fmt: skip
+
+    task = TrainTask(apply_fn=module.apply, params=params, loss_sums=mlm_loss_sums, train_batch=batch_at,
+                     eval_batches=lambda: [batch_at(10_000)])  # fmt: skip
+    return task, params
+
+
+def _fit(task, out: Path, *overrides: str):
+    from training.trainer import Trainer, read_metrics
+
+    config = load_config(overrides=[f"output_dir={out}", "batch_size=16", "num_steps=12", "log_every=4",
+                                    "eval_every=6", "checkpoint_every=6", "optim.warmup_steps=0",
+                                    "progress=false", *overrides])  # fmt: skip
+    trainer = Trainer(config, task)
+    trainer.fit()
+    return trainer, read_metrics(out / "metrics.jsonl")
+
+
+def test_batches_fed_ahead_train_exactly_as_batches_built_in_line(tmp_path):
+    import jax
+    import numpy as np
+
+    task, _ = _tiny_mlm_task()
+    in_line, in_line_metrics = _fit(task, tmp_path / "in-line", "prefetch_batches=0")
+    ahead, ahead_metrics = _fit(task, tmp_path / "ahead", "prefetch_batches=3")
+    losses = [[m["loss"] for m in metrics if "loss" in m] for metrics in (in_line_metrics, ahead_metrics)]
+    assert len(losses[0]) == 3 and losses[0] == losses[1]
+    leaves = [jax.tree_util.tree_leaves(trainer.final_params()) for trainer in (in_line, ahead)]
+    for a, b in zip(*leaves, strict=True):
+        np.testing.assert_array_equal(a, b)
+    assert in_line.tokens_seen == ahead.tokens_seen == 12 * 16 * 32
+
+
+def test_a_batch_that_fails_to_build_stops_the_run_with_its_error(tmp_path):
+    task, _ = _tiny_mlm_task()
+    build = task.train_batch
+
+    def failing(step: int) -> dict:
+        if step == 5:
+            raise ValueError("shard 3 is truncated")
+        return build(step)
+
+    task.train_batch = failing
+    with pytest.raises(ValueError, match="shard 3 is truncated"):
+        _fit(task, tmp_path / "run", "prefetch_batches=2")
+
+
+def test_model_flops_per_token_follow_the_six_n_rule(tmp_path):
+    """XLA's count of the lowered train step against the independent estimate: a forward and
+    backward pass cost 6 FLOPs per parameter per token (every parameter here is a dense weight used
+    once per token, the tied MLM head included), plus what the rule leaves out (SSM kernels, the
+    optimizer, elementwise work): a few percent at this size."""
+    import jax
+
+    task, params = _tiny_mlm_task(dropout=0.0)
+    trainer, metrics = _fit(task, tmp_path / "run")
+    n_params = sum(leaf.size for leaf in jax.tree_util.tree_leaves(params))
+    flops_per_token = trainer.throughput.flops_per_step / (16 * 32)
+    assert 1.0 <= flops_per_token / (6 * n_params) <= 1.5, (flops_per_token, 6 * n_params)
+    windows = [m for m in metrics if "tokens_per_s" in m]
+    assert len(windows) == 3 and all(w["tokens_per_s"] > 0 and 0 <= w["input_wait_fraction"] < 1 for w in windows)
+
+
+def test_mfu_is_model_flops_over_the_peak_in_the_same_window():
+    from training.throughput import Throughput, datasheet_peak_flops
+
+    assert datasheet_peak_flops("NVIDIA H100 80GB HBM3", "bfloat16") == 989.4e12
+    assert datasheet_peak_flops("NVIDIA H100 PCIe", "bfloat16") == 756e12
+    assert datasheet_peak_flops("TPU v4", "bfloat16") == 275e12
+    assert datasheet_peak_flops("cpu", "float32") is None
+    meter = Throughput(flops_per_step=2e12, peak_flops=1e15, peak_source="test")
+    for _ in range(5):
+        meter.add_step(tokens=4096, input_wait_s=0.0)
+    window = meter.close_window()
+    # Both figures are over the same elapsed time: mfu / (tokens/s) = FLOPs / (tokens · peak).
+    assert window["mfu"] / window["tokens_per_s"] == pytest.approx(5 * 2e12 / (5 * 4096 * 1e15))

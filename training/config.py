@@ -97,6 +97,12 @@ class TrainConfig(_Section):
     seed: int = 0
     dtype: Literal["auto", "float32", "bfloat16"] = Field("auto", description="auto = bf16 on GPU/TPU, fp32 on CPU")
     progress: bool = True
+    prefetch_batches: int = Field(
+        2, ge=0, description="batches built and copied to the devices ahead of their step (0 = in line)"
+    )
+    peak_flops_per_device: float | None = Field(
+        None, gt=0, description="dense peak FLOP/s of one device at the compute dtype, for MFU (default: datasheet)"
+    )
 
     @model_validator(mode="after")
     def stage_inputs(self) -> TrainConfig:

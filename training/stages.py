@@ -411,6 +411,7 @@ def _card(config: TrainConfig, trainer: Trainer, data_card: dict, held_out: dict
         "wall_time_s": time.time() - started,
         "held_out": held_out,
         "device": device_description(),
+        "throughput": trainer.throughput.summary() if trainer.throughput else None,
     }
 
 

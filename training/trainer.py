@@ -27,7 +27,9 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from .config import TrainConfig
+from .feed import feed
 from .steps import TrainState, make_eval_step, make_optimizer, make_train_step
+from .throughput import Throughput, lowered_flops, peak_for_run
 
 BatchSource = Callable[[int], dict[str, np.ndarray]]  # step → global batch
 
@@ -88,6 +90,7 @@ class Trainer:
         )
         self._eval_step = jax.jit(make_eval_step(task.apply_fn, task.loss_sums))
         self.metrics_path = self.out / "metrics.jsonl"
+        self.throughput: Throughput | None = None  # set by the first step of fit()
         self.checkpoints = ocp.CheckpointManager(
             (self.out / "checkpoints").absolute(),
             options=ocp.CheckpointManagerOptions(max_to_keep=config.keep_checkpoints, create=True),
@@ -119,8 +122,19 @@ class Trainer:
         return jax.device_put(shaped, self.batch_sharding)
 
     def train_step(self, state: TrainState, batch: dict[str, np.ndarray]):
-        rng = jax.random.PRNGKey(self.config.seed)
-        return self._train_step(state, self.shard_train_batch(batch), rng)
+        return self._train_step(state, self.shard_train_batch(batch), self._rng)
+
+    @property
+    def _rng(self):
+        return jax.random.PRNGKey(self.config.seed)  # folded with the step inside the step
+
+    def throughput_meter(self, state: TrainState, first_batch) -> Throughput:
+        """Model FLOPs of one step (XLA's count of the lowered step) and the devices' peak."""
+        flops = lowered_flops(self._train_step.lower(state, first_batch, self._rng))
+        dtype_name = jnp.dtype(compute_dtype(self.config.dtype)).name
+        devices = list(self.mesh.devices.flat)
+        peak, source = peak_for_run(devices, dtype_name, self.config.peak_flops_per_device)
+        return Throughput(flops_per_step=flops, peak_flops=peak, peak_source=source)
 
     # -- evaluation -----------------------------------------------------------------------
 
@@ -175,25 +189,38 @@ class Trainer:
         tokens_seen = 0
         last_eval: dict = {}
         window: list[dict] = []
-        for step in progress:
-            batch = self.task.train_batch(step)
-            tokens_seen += self.task.tokens_per_batch(batch)
-            state, metrics = self.train_step(state, batch)
+        batches = feed(
+            range(start, config.num_steps), self.task.train_batch, self.shard_train_batch, config.prefetch_batches
+        )
+        for step, host_batch, device_batch, waited in batches:
+            if self.throughput is None:
+                self.throughput = self.throughput_meter(state, device_batch)
+            tokens = self.task.tokens_per_batch(host_batch)
+            tokens_seen += tokens
+            state, metrics = self._train_step(state, device_batch, self._rng)
+            self.throughput.add_step(tokens, waited)
             window.append(metrics)
             done = step + 1
+            if hasattr(progress, "update"):
+                progress.update(1)
             if done % config.log_every == 0 or done == config.num_steps:
                 means = {k: float(np.mean([jax.device_get(m[k]) for m in window])) for k in window[0]}
                 window = []
                 elapsed = time.perf_counter() - started
-                record = {"step": done, **means, "tokens_per_s": tokens_seen / max(elapsed, 1e-9)}
+                record = {"step": done, **means, "tokens_per_s_run": tokens_seen / max(elapsed, 1e-9)}
+                record.update(self.throughput.close_window())
                 self.log(record)
                 if hasattr(progress, "set_postfix"):
                     progress.set_postfix(loss=f"{means['loss']:.3f}")
             if done % config.eval_every == 0 or done == config.num_steps:
-                last_eval = self.evaluate(state.params)
+                with self.throughput.pause(state):
+                    last_eval = self.evaluate(state.params)
                 self.log({"step": done, **last_eval})
             if done % config.checkpoint_every == 0 or done == config.num_steps:
-                self.checkpoints.save(done, args=ocp.args.StandardSave(state))
+                with self.throughput.pause(state):
+                    self.checkpoints.save(done, args=ocp.args.StandardSave(state))
+        if hasattr(progress, "close"):
+            progress.close()
         return state, last_eval, tokens_seen
 
     def final_params(self):
@@ -201,11 +228,12 @@ class Trainer:
 
 
 def _progress(steps: range, enabled: bool):
+    """A progress bar advanced by the loop, or None."""
     if not enabled:
-        return steps
+        return None
     from tqdm.auto import tqdm
 
-    return tqdm(steps, initial=steps.start, total=steps.stop, desc="train", dynamic_ncols=True)
+    return tqdm(initial=steps.start, total=steps.stop, desc="train", dynamic_ncols=True)
 
 
 def read_metrics(path: str | Path) -> list[dict]:
