@@ -128,19 +128,38 @@ def _to_numpy(value) -> np.ndarray:
 # ------------------------------------------------------------------------------------------
 
 
-def save_torch_safetensors(state: Mapping[str, np.ndarray], path: str | Path) -> None:
+# How a weights file may store its tensors. Compute is always fp32: `load_torch_safetensors` widens
+# what it reads, and an artifact's config.json says `"dtype": "float32"` so transformers does too.
+# fp16 storage halves the file; its rounding (a relative 2^-11) is all that changes.
+STORAGE_DTYPES = ("float32", "float16")
+_FP16_MAX = float(np.finfo(np.float16).max)
+
+
+def save_torch_safetensors(state: Mapping[str, np.ndarray], path: str | Path, storage: str = "float32") -> None:
     """Write a torch-layout state dict as model.safetensors, leaving out the tied decoder copies
-    (transformers re-ties them on load), as `save_pretrained` does."""
+    (transformers re-ties them on load), as `save_pretrained` does; tensors stored as `storage`."""
     from safetensors.numpy import save_file
 
-    tensors = {k: np.ascontiguousarray(v, dtype=np.float32) for k, v in state.items() if k not in DERIVED_TORCH_KEYS}
+    if storage not in STORAGE_DTYPES:
+        raise ValueError(f"weights storage {storage!r}: one of {', '.join(STORAGE_DTYPES)}")
+    tensors = {}
+    for key, value in state.items():
+        if key in DERIVED_TORCH_KEYS:
+            continue
+        value = np.asarray(value, dtype=np.float32)
+        if storage == "float16":
+            largest = float(np.max(np.abs(value), initial=0.0))
+            if not largest <= _FP16_MAX:
+                raise ValueError(f"{key}: largest magnitude {largest:g} does not fit float16 storage")
+        tensors[key] = np.ascontiguousarray(value, dtype=storage)
     save_file(tensors, str(path), metadata={"format": "pt"})
 
 
 def load_torch_safetensors(path: str | Path) -> dict[str, np.ndarray]:
+    """A weights file's tensors as fp32 numpy arrays, whatever they are stored as."""
     from safetensors.numpy import load_file
 
-    return load_file(str(path))
+    return {key: value.astype(np.float32, copy=False) for key, value in load_file(str(path)).items()}
 
 
 def load_flax_msgpack(path: str | Path) -> dict:

@@ -42,13 +42,17 @@ def write_artifact(
     architecture: str,
     card: dict,
     tokenizer=None,
+    weights_storage: str = "float32",
 ) -> Path:
+    """Write an artifact dir. `weights_storage="float16"` halves model.safetensors; the model still
+    computes in fp32 everywhere (config.json's `dtype` says so to transformers)."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     config.architectures = [architecture]
+    config.dtype = "float32"  # the compute dtype: without it transformers would compute in fp16 storage's dtype
     config.save_pretrained(str(out_dir))
     host_params = jax.tree_util.tree_map(lambda x: np.asarray(x, dtype=np.float32), jax.device_get(params))
-    save_torch_safetensors(flax_to_torch(host_params), out_dir / "model.safetensors")
+    save_torch_safetensors(flax_to_torch(host_params), out_dir / "model.safetensors", storage=weights_storage)
     save_tokenizer(out_dir, tokenizer, model_max_length=config.max_position_embeddings)
     (out_dir / CARD).write_text(json.dumps(card, indent=1, default=str) + "\n")
     write_hub_files(out_dir)  # last: the model card is written from training_card.json

@@ -100,6 +100,9 @@ class TrainConfig(_Section):
     prefetch_batches: int = Field(
         2, ge=0, description="batches built and copied to the devices ahead of their step (0 = in line)"
     )
+    weights_storage: Literal["float32", "float16"] = Field(
+        "float32", description="how the artifact's model.safetensors stores weights (compute is fp32 either way)"
+    )
     peak_flops_per_device: float | None = Field(
         None, gt=0, description="dense peak FLOP/s of one device at the compute dtype, for MFU (default: datasheet)"
     )

@@ -418,6 +418,9 @@ def _card(config: TrainConfig, trainer: Trainer, data_card: dict, held_out: dict
 def _finish(config: TrainConfig, trainer: Trainer, model_config, architecture: str, card: dict, tokenizer) -> Path:
     out = Path(config.output_dir)
     plot_curves(trainer.metrics_path, out / "curves.png")
-    artifact = write_artifact(out / "artifact", model_config, trainer.final_params(), architecture, card, tokenizer)
+    artifact = write_artifact(
+        out / "artifact", model_config, trainer.final_params(), architecture, card, tokenizer,
+        weights_storage=config.weights_storage,
+    )  # fmt: skip
     print(f"wrote {artifact}; held-out: {card['held_out']}")
     return artifact
