@@ -6,6 +6,7 @@
     service_throughput.py  batching on and off, 4,096-token documents (a script)
     precision.py           `bigs bench precision`: fp32, int8 and bf16 variants of an export dir side by side
     compare.py             `bigs bench compare`: BiGS vs same-size BERT, dense-FLOP floors, batching
+    default_size.py        `bigs bench default-size`: which size the default models can be (4,096-token latency, MB shipped)
     graph_profile.py       ORT profile of a graph by op category; its dense-MatMul floor
 
 What they measured is in bench/RESULTS.md (not installed).

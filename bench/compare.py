@@ -698,12 +698,13 @@ def report(plan: Plan, cells: dict, variants: list[Variant], missing: dict[str, 
     return "\n".join(lines)
 
 
-def write_section(out: Path, section: str) -> None:
-    """Replace this script's section of `out` (between BEGIN and END), or append it; the rest is kept."""
+def write_section(out: Path, section: str, begin: str = BEGIN, end: str = END) -> None:
+    """Replace a script's section of `out` (between its begin and end markers), or append it; the
+    rest is kept (other scripts' sections and the prose around them)."""
     text = out.read_text() if out.is_file() else "# Benchmarks\n"
-    if BEGIN in text and END in text:
-        head, _, rest = text.partition(BEGIN)
-        _, _, tail = rest.partition(END)
+    if begin in text and end in text:
+        head, _, rest = text.partition(begin)
+        _, _, tail = rest.partition(end)
         text = head + section + tail
     else:
         text = text.rstrip("\n") + "\n\n" + section + "\n"
