@@ -205,3 +205,44 @@ def test_mfu_is_model_flops_over_the_peak_in_the_same_window():
     window = meter.close_window()
     # Both figures are over the same elapsed time: mfu / (tokens/s) = FLOPs / (tokens · peak).
     assert window["mfu"] / window["tokens_per_s"] == pytest.approx(5 * 2e12 / (5 * 4096 * 1e15))
+
+
+def test_a_truncated_test_batch_is_what_the_tokenizer_makes_of_the_text_cut_short():
+    import numpy as np
+
+    from model.tokenizer import bert_uncased_tokenizer
+    from training.stages import truncated_batches
+
+    tokenizer = bert_uncased_tokenizer(model_max_length=64)
+    texts = ["a short one.", "the committee met on tuesday and agreed to publish every report it had received " * 3,
+             "exactly at the cut, or near it, is where an off-by-one would show."]  # fmt: skip
+    full = tokenizer(texts, padding="max_length", max_length=64, truncation=True, return_tensors="np")
+    batch = {"input_ids": full["input_ids"], "attention_mask": full["attention_mask"],
+             "token_type_ids": full["token_type_ids"], "labels": np.arange(3)}  # fmt: skip
+    for length in (8, 16, int(full["attention_mask"][2].sum())):
+        expected = tokenizer(texts, padding="max_length", max_length=length, truncation=True, return_tensors="np")
+        (cut,) = list(truncated_batches(lambda: iter([batch]), length, tokenizer.sep_token_id)())
+        for key in ("input_ids", "attention_mask", "token_type_ids"):
+            np.testing.assert_array_equal(cut[key], expected[key], err_msg=f"{key} at {length}")
+        np.testing.assert_array_equal(cut["labels"], np.arange(3))
+
+
+def test_test_truncations_are_refused_where_they_cannot_apply():
+    with pytest.raises(ValueError, match="applies to classify"):
+        load_config(overrides=["stage=mlm", "data.test_truncations=[64]"])
+    with pytest.raises(ValueError, match="below data.seq_len"):
+        load_config(overrides=["stage=classify", "init_from=x", 'data.sources=["bbc-news"]', "data.seq_len=512",
+                               "data.test_truncations=[512]"])  # fmt: skip
+
+
+def test_every_recipe_parses_and_starts_from_a_recipe_that_runs_before_it():
+    recipes = {path.stem: load_config(path) for path in sorted((ROOT / "training" / "recipes").glob("*.toml"))}
+    outputs = {str(Path(config.output_dir) / "artifact"): name for name, config in recipes.items()}
+    for name, config in recipes.items():
+        if config.init_from:
+            assert config.init_from in outputs, f"{name}: init_from {config.init_from} is no recipe's artifact"
+            assert outputs[config.init_from] != name
+        if config.data.data_dir:  # an extension reuses the corpus its first stage built
+            assert any(config.data.data_dir == str(Path(c.output_dir) / "data") for c in recipes.values()), name
+    assert recipes["default-longdoc"].data.test_truncations == [512]
+    assert recipes["default-4096"].model.max_position_embeddings == 4096

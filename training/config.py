@@ -62,6 +62,10 @@ class DataSettings(_Section):
     text_pair_column: str | None = None
     label_column: str = "label"
     mask_prob: float = 0.15
+    test_truncations: list[int] = Field(
+        default_factory=list,
+        description="classify: also score the test split cut to these lengths (what a long input buys)",
+    )
     eval_source: str | None = Field(None, description="qa, tokens: a held-out file (else split from the source)")
     validation_fraction: float = Field(
         0.2, gt=0, lt=1, description="qa, tokens: articles / sentences held out when there is no eval_source"
@@ -116,6 +120,11 @@ class TrainConfig(_Section):
             raise ValueError(f"stage {self.stage} needs init_from: {what}")
         if self.stage in ("classify", "qa", "tokens") and len(self.data.sources) != 1:
             raise ValueError(f"stage {self.stage} takes one labelled source, got {self.data.sources}")
+        cuts = self.data.test_truncations
+        if cuts and (self.stage != "classify" or self.data.text_pair_column):
+            raise ValueError("data.test_truncations applies to classify on single texts (pairs are cut differently)")
+        if any(not 4 <= n < self.data.seq_len for n in cuts):
+            raise ValueError(f"data.test_truncations {cuts}: each must be at least 4 and below data.seq_len")
         return self
 
 

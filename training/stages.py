@@ -139,6 +139,21 @@ def labelled_eval_batches(split, batch_size: int):
     return batches
 
 
+def truncated_batches(batches, length: int, sep_id: int):
+    """The same batches with every sequence cut to `length` tokens as the tokenizer cuts a single
+    text (truncation=True): [CLS] + the first length − 2 tokens + [SEP]. What a model limited to
+    `length` sees of each document, so a long-input classifier can be scored against itself cut short."""
+
+    def cut():
+        for batch in batches():
+            batch = {k: np.array(v[:, :length]) if v.ndim == 2 else v for k, v in batch.items()}
+            longer = batch["attention_mask"][:, -1] == 1  # a real token in the last kept position
+            batch["input_ids"][longer, -1] = sep_id
+            yield batch
+
+    return cut
+
+
 # ------------------------------------------------------------------------------------------
 # Stages
 # ------------------------------------------------------------------------------------------
@@ -262,6 +277,10 @@ def _classify(config: TrainConfig, started: float) -> Path:
     test_task_batches = labelled_eval_batches(test_split, config.batch_size)
     trainer.task = TrainTask(**{**task.__dict__, "eval_batches": test_task_batches})
     test = {k.replace("eval_", "test_"): v for k, v in trainer.evaluate(trainer.state.params).items()}
+    for length in config.data.test_truncations:  # the same test documents, cut short
+        trainer.task.eval_batches = truncated_batches(test_task_batches, length, test_split.special_ids.sep)
+        cut = trainer.evaluate(trainer.state.params)
+        test.update({k.replace("eval_", f"test_at_{length}_"): v for k, v in cut.items()})
     baseline = majority_baseline(
         np.asarray(train_split.arrays["labels"]), np.asarray(test_split.arrays["labels"]), num_labels
     )
