@@ -445,6 +445,24 @@ def test_build_corpus_local_files(tmp_path, tok, sp):
     assert np.array_equal(content(ds32), content(ds64))
 
 
+def test_a_corpus_moved_as_its_token_store_and_card_is_packed_again_where_it_lands(tmp_path):
+    """What travels to an accelerator host is the token store and the card (the packed rows would
+    double it); the first build there packs them again, to the same rows, with no source at hand."""
+    import shutil
+
+    src = write_text_corpus(tmp_path / "mytext")
+    built = tmp_path / "built"
+    card = build_corpus([str(src)], built, seq_len=32, seed=1, fractions=(0.8, 0.1, 0.1))
+    moved = tmp_path / "moved"
+    shutil.copytree(built / "tokens", moved / "tokens")
+    shutil.copy(built / "data_card.json", moved / "data_card.json")
+    shutil.rmtree(src)  # the sources are not where the corpus lands
+    again = build_corpus([str(src)], moved, seq_len=32, seed=1, fractions=(0.8, 0.1, 0.1))
+    assert again["packed"]["32"] == card["packed"]["32"]
+    for split in ("train", "validation", "test"):
+        np.testing.assert_array_equal(open_split(moved, split, 32)[:], open_split(built, split, 32)[:])
+
+
 def test_heldout_guard_keeps_labelled_test_docs_out_of_train(tmp_path, monkeypatch):
     """A labelled set built from the same texts as a pretraining source (as linux-doc-topic is
     from linux-doc): its validation/test documents must not be in the pretraining train split."""

@@ -41,7 +41,7 @@ from training.data.splits import (
     split_documents,
     split_sizes,
 )
-from training.data.tokenization import encode_labelled, tokenize_documents, tokenizer_hash
+from training.data.tokenization import INDEX, encode_labelled, tokenize_documents, tokenizer_hash
 
 CARD = "data_card.json"
 
@@ -128,7 +128,7 @@ def build_corpus(
     }
     card = None if overwrite else _read_card(out_dir)
     if card is not None and card.get("config") == config:
-        if str(seq_len) not in card["packed"]:
+        if not is_packed(out_dir, card, seq_len):
             return repack(out_dir, seq_len, rows_per_shard=rows_per_shard)
         return card
 
@@ -183,6 +183,14 @@ def build_corpus(
     }
     _write_card(out_dir, card)
     return repack(out_dir, seq_len, rows_per_shard=rows_per_shard)
+
+
+def is_packed(out_dir: Path, card: dict, seq_len: int) -> bool:
+    """Whether the corpus is packed at `seq_len` on disk, not only in its card: a corpus copied to
+    another machine as its token store and card alone (the packed rows are 2 bytes a token again)
+    is re-packed there rather than failing to open."""
+    packed = card["packed"].get(str(seq_len))
+    return packed is not None and all((out_dir / packed[s]["dir"] / INDEX).is_file() for s in SPLITS)
 
 
 def repack(out_dir: str | Path, seq_len: int, tokenizer=None, rows_per_shard: int | None = None) -> dict:
