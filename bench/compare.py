@@ -471,7 +471,8 @@ def batching_child(serve_dir: str, max_batch: int, concurrency: list[int], reque
 # --------------------------------------------------------------------------------------------
 
 
-def _ms(value: float | None) -> str:
+def format_ms(value: float | None) -> str:
+    """A latency cell: "–" when not measured, whole ms from 100 up, one decimal below."""
     return "–" if value is None else f"{value:,.0f}" if value >= 100 else f"{value:.1f}"
 
 
@@ -533,8 +534,8 @@ def latency_tables(plan: Plan, cells: dict, variants: list[Variant]) -> list[str
                     lines.append(f"| {length} | {bigs.note} | | | | | | |")
                     continue
                 lines.append(
-                    f"| {length:,} | {_ms(bigs.median_ms)} | {_ms(bigs.floor_ms)} | "
-                    f"{_ratio(bigs.median_ms, bigs.floor_ms)} | {_ms(bert.median_ms)} | {_ms(bert.floor_ms)} | "
+                    f"| {length:,} | {format_ms(bigs.median_ms)} | {format_ms(bigs.floor_ms)} | "
+                    f"{_ratio(bigs.median_ms, bigs.floor_ms)} | {format_ms(bert.median_ms)} | {format_ms(bert.floor_ms)} | "
                     f"{_ratio(bert.median_ms, bert.floor_ms)} | {_ratio(bert.median_ms, bigs.median_ms)} |"
                 )
             lines.append("")

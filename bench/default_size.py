@@ -91,6 +91,8 @@ def measure_candidate(hidden: int, layers: int, args) -> Candidate:
 
 
 def report(candidates: list[Candidate], args, cpu: str, command: str) -> str:
+    from bench.compare import format_ms
+
     longest = max(args.lengths)
     names = [name for name in SERVED if any(name in c.median_ms for c in candidates)]
     lines = [
@@ -116,15 +118,11 @@ def report(candidates: list[Candidate], args, cpu: str, command: str) -> str:
         fits = best is not None and at_longest[best] <= LATENCY_BUDGET_MS and mb <= SHIPPED_BUDGET_MB
         lines.append(
             f"| d = {c.hidden}, {c.layers} layers | {c.mlm_params / 1e6:.1f}M | {mb:.0f} | "
-            + " | ".join(_ms(ms) for ms in cells)
-            + f" | {SERVED.get(best, '–')} {_ms(at_longest.get(best))} | {'yes' if fits else 'no'} |"
+            + " | ".join(format_ms(ms) for ms in cells)
+            + f" | {SERVED.get(best, '–')} {format_ms(at_longest.get(best))} | {'yes' if fits else 'no'} |"
         )
     lines += ["", END]
     return "\n".join(lines)
-
-
-def _ms(ms: float | None) -> str:
-    return "–" if ms is None else f"{ms:,.1f}" if ms < 10 else f"{ms:,.0f}"
 
 
 def main(argv: list[str] | None = None) -> None:

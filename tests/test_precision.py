@@ -514,6 +514,14 @@ def test_reduced_variants_keep_padded_equal_unpadded_and_batched_equal_single_wi
         _within_gate(batched, padded, head)
 
 
+def _assert_each_bucket_answers_as_its_whole_model_runtime(mixed, whole: dict, sequences) -> None:
+    """Every bucket of a per-bucket runtime answers exactly as the runtime of its precision for the whole model."""
+    for head in ("classification", "embeddings"):
+        for bucket, precision in mixed.precisions.items():
+            got = mixed.run(head, bucket, _batch(sequences, bucket))
+            np.testing.assert_array_equal(got, whole[precision].run(head, bucket, _batch(sequences, bucket)))
+
+
 @pytest.mark.slow
 def test_int8_at_one_bucket_and_fp32_at_another_run_each_buckets_own_graph_over_one_copy_of_the_weights(
     variant_exports, tokenizer
@@ -527,10 +535,8 @@ def test_int8_at_one_bucket_and_fp32_at_another_run_each_buckets_own_graph_over_
     assert mixed.sessions[128].bigs_shared_weights is mixed.sessions[512].bigs_shared_weights
     whole = {p: _runtime(export_dir, p) for p in ("int8", "fp32")}
     sequences = _sequences(tokenizer, 3, seed=1)
+    _assert_each_bucket_answers_as_its_whole_model_runtime(mixed, whole, sequences)
     for head in ("classification", "embeddings"):
-        for bucket, precision in mixed.precisions.items():
-            got = mixed.run(head, bucket, _batch(sequences, bucket))
-            np.testing.assert_array_equal(got, whole[precision].run(head, bucket, _batch(sequences, bucket)))
         # the two buckets really run different graphs: int8 at 128 is not fp32's answer
         assert not np.array_equal(
             mixed.run(head, 128, _batch(sequences, 128)), whole["fp32"].run(head, 128, _batch(sequences, 128))
@@ -552,10 +558,7 @@ def test_bf16_on_openvino_at_one_bucket_and_int8_on_ort_at_another_are_one_runti
     assert (mixed.precision, mixed.precisions, mixed.buckets) == ("mixed", {128: "bf16", 512: "int8"}, [128, 512])
     whole = {p: _runtime(export_dir, p) for p in ("bf16", "int8")}
     sequences = _sequences(tokenizer, 3, seed=2)
-    for head in ("classification", "embeddings"):
-        for bucket, precision in mixed.precisions.items():
-            got = mixed.run(head, bucket, _batch(sequences, bucket))
-            np.testing.assert_array_equal(got, whole[precision].run(head, bucket, _batch(sequences, bucket)))
+    _assert_each_bucket_answers_as_its_whole_model_runtime(mixed, whole, sequences)
 
 
 # -- through the real service ---------------------------------------------------------------------
