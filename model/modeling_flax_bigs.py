@@ -28,7 +28,71 @@ import jax.numpy as jnp
 
 from .configuration_bigs import BiGSConfig
 
-exact_gelu = partial(nn.gelu, approximate=False)
+
+def exact_gelu(x):
+    """GELU with the exact normal CDF, written as torch writes it: x·½·(1 + erf(x/√2)). Flax's
+    `nn.gelu(approximate=False)` goes through erfc, the same function to ~1e-6, at twice the cost on
+    XLA's CPU backend (docs/DESIGN.md §5.7)."""
+    return 0.5 * x * (1.0 + jax.lax.erf(x * (1.0 / math.sqrt(2.0))))
+
+
+# ------------------------------------------------------------------------------------------
+# Matrix products with their operands in a narrower dtype (mixed precision on a CPU)
+# ------------------------------------------------------------------------------------------
+# A CPU with AVX512_BF16 or AMX multiplies bf16 operands into float32 sums several times faster than
+# it multiplies float32 (docs/DESIGN.md §5.7); the elementwise work around the products (GELU, gates,
+# LayerNorm, the SSM) gains nothing from bf16 on XLA's CPU backend and only pays conversions. So on a
+# CPU the activations stay float32 and only the operands of each dense product are rounded to bf16:
+# `matmul_dtype`. The backward products are rounded the same way (the custom VJP below), as every
+# mixed-precision recipe does; sums, activations and weights stay float32.
+
+
+def _product(x, w, operand_dtype):
+    """x (…, k) · w (k, n) with both operands in `operand_dtype`, summed in float32."""
+    dims = (((x.ndim - 1,), (0,)), ((), ()))
+    return jax.lax.dot_general(
+        x.astype(operand_dtype), w.astype(operand_dtype), dims, preferred_element_type=jnp.float32
+    )
+
+
+@partial(jax.custom_vjp, nondiff_argnums=(2,))
+def matmul_in(x, w, operand_dtype):
+    """x (…, k) @ w (k, n) → float32 (…, n), operands (forward and backward) rounded to `operand_dtype`."""
+    return _product(x, w, operand_dtype)
+
+
+def _matmul_in_forward(x, w, operand_dtype):
+    # the cotangents must come back in the primal dtypes: carried as empty arrays (residuals are arrays)
+    dtypes = (jnp.empty((0,), x.dtype), jnp.empty((0,), w.dtype))
+    return _product(x, w, operand_dtype), (x.astype(operand_dtype), w.astype(operand_dtype), dtypes)
+
+
+def _matmul_in_backward(operand_dtype, residuals, grad):
+    x, w, (x_like, w_like) = residuals
+    grad = grad.astype(operand_dtype)
+    dx = _product(grad, w.T, operand_dtype)  # (…, n) · (n, k)
+    k, n = w.shape
+    dw = jax.lax.dot_general(
+        x.reshape(-1, k), grad.reshape(-1, n), (((0,), (0,)), ((), ())), preferred_element_type=jnp.float32
+    )
+    return dx.astype(x_like.dtype), dw.astype(w_like.dtype)
+
+
+matmul_in.defvjp(_matmul_in_forward, _matmul_in_backward)
+
+
+def products_in(operand_dtype):
+    """A `dot_general` for `nn.Dense` whose operands are `operand_dtype` (None: Flax's own)."""
+    if operand_dtype is None:
+        return None
+
+    def dot_general(lhs, rhs, dimension_numbers, precision=None, preferred_element_type=None):
+        if dimension_numbers != (((lhs.ndim - 1,), (0,)), ((), ())):
+            raise ValueError(f"products_in serves nn.Dense's contraction only, got {dimension_numbers}")
+        return matmul_in(lhs, rhs, operand_dtype).astype(lhs.dtype)
+
+    return dot_general
+
 
 # ------------------------------------------------------------------------------------------
 # Kernel and SSM (real arithmetic; see model/ssm.py for the derivation)
@@ -59,6 +123,33 @@ def causal_conv_fft(u, K):
     return jnp.fft.irfft(u_f * K_f[:, None], n=2 * L, axis=1)[:, :L]
 
 
+def toeplitz_matrix(K, length: int):
+    """T[t, s] = K[t − s] for s ≤ t, else 0; shape (length, length)."""
+    lags = jnp.arange(length)
+    lag = lags[:, None] - lags[None, :]
+    return jnp.where(lag >= 0, K[jnp.clip(lag, 0)], jnp.zeros((), K.dtype))
+
+
+def causal_conv_toeplitz(u, K):
+    """The same convolution as one (L, L) lower-triangular product shared by all channels."""
+    L = u.shape[1]
+    return jnp.einsum("ts,bsd->btd", toeplitz_matrix(K[:L], L), u)
+
+
+# The form each length trains with: forward + backward of one SSM convolution in XLA on a CPU
+# (docs/DESIGN.md §5.7) — the Toeplitz product is 1.2–2.6x faster than the FFT up to 512 tokens, the
+# FFT from 1,024 (its cost grows as L log L, the product's as L²). The export's rule for ONNX Runtime
+# (export/modules.py) is a separate measurement that happens to cut at the same length.
+TRAINING_TOEPLITZ_MAX_LENGTH = 512
+
+
+def causal_conv(u, K):
+    """y[t] = Σ_{s≤t} K[t−s]·u[s] in the form measured fastest for this length (same function)."""
+    if u.shape[1] <= TRAINING_TOEPLITZ_MAX_LENGTH:
+        return causal_conv_toeplitz(u, K)
+    return causal_conv_fft(u, K)
+
+
 def log_step_init(dt_min: float = 0.01, dt_max: float = 1.0):
     def init(key, shape, dtype=jnp.float32):
         return jax.random.uniform(key, shape, dtype, math.log(dt_min), math.log(dt_max))
@@ -86,7 +177,7 @@ class S4dLayer(nn.Module):
         # The SSM runs in float32 whatever the compute dtype: FFTs in bf16 lose the long tail of K.
         u32 = u.astype(jnp.float32)
         K = s4d_kernel(log_step, A_re, A_im, C, u.shape[1])
-        return (causal_conv_fft(u32, K) + D * u32).astype(u.dtype)
+        return (causal_conv(u32, K) + D * u32).astype(u.dtype)
 
 
 # ------------------------------------------------------------------------------------------
@@ -94,8 +185,15 @@ class S4dLayer(nn.Module):
 # ------------------------------------------------------------------------------------------
 
 
-def _dense(config: BiGSConfig, dtype, features: int, **kwargs):
-    return nn.Dense(features, dtype=dtype, kernel_init=nn.initializers.normal(config.initializer_range), **kwargs)
+def _dense(module: nn.Module, features: int, **kwargs):
+    """A dense layer of `module` at its dtype and matmul_dtype, initialised as BERT's (normal, σ = 0.02)."""
+    return nn.Dense(
+        features,
+        dtype=module.dtype,
+        dot_general=products_in(module.matmul_dtype),
+        kernel_init=nn.initializers.normal(module.config.initializer_range),
+        **kwargs,
+    )
 
 
 class FlaxBiGSSelfAttention(nn.Module):
@@ -103,12 +201,13 @@ class FlaxBiGSSelfAttention(nn.Module):
 
     config: BiGSConfig
     dtype: jnp.dtype = jnp.float32
+    matmul_dtype: jnp.dtype | None = None  # operands of the dense products (None: dtype); products_in
 
     def setup(self):
         d = self.config.hidden_size
-        self.query = _dense(self.config, self.dtype, d)
-        self.key = _dense(self.config, self.dtype, d)
-        self.value = _dense(self.config, self.dtype, d)
+        self.query = _dense(self, d)
+        self.key = _dense(self, d)
+        self.value = _dense(self, d)
 
     def __call__(self, H, real_tokens):
         heads, d = self.config.num_attention_heads, self.config.hidden_size
@@ -130,6 +229,7 @@ class FlaxBiGSBidirectionalSSM(nn.Module):
 
     config: BiGSConfig
     dtype: jnp.dtype = jnp.float32
+    matmul_dtype: jnp.dtype | None = None
 
     def setup(self):
         self.fs4 = S4dLayer(num_ssm=self.config.num_ssm)
@@ -148,9 +248,10 @@ class FlaxBiGSSublayerOutput(nn.Module):
     config: BiGSConfig
     layer_norm: bool = True
     dtype: jnp.dtype = jnp.float32
+    matmul_dtype: jnp.dtype | None = None
 
     def setup(self):
-        self.dense = _dense(self.config, self.dtype, self.config.hidden_size)
+        self.dense = _dense(self, self.config.hidden_size)
         if self.layer_norm:
             self.LayerNorm = nn.LayerNorm(epsilon=self.config.layer_norm_eps, dtype=self.dtype)
 
@@ -161,11 +262,14 @@ class FlaxBiGSRouting(nn.Module):
     config: BiGSConfig
     layer_norm: bool = True
     dtype: jnp.dtype = jnp.float32
+    matmul_dtype: jnp.dtype | None = None
 
     def setup(self):
         mixer = FlaxBiGSSelfAttention if self.config.routing == "attention" else FlaxBiGSBidirectionalSSM
-        self.self = mixer(self.config, dtype=self.dtype)
-        self.output = FlaxBiGSSublayerOutput(self.config, layer_norm=self.layer_norm, dtype=self.dtype)
+        self.self = mixer(self.config, dtype=self.dtype, matmul_dtype=self.matmul_dtype)
+        self.output = FlaxBiGSSublayerOutput(
+            self.config, layer_norm=self.layer_norm, dtype=self.dtype, matmul_dtype=self.matmul_dtype
+        )
 
     def __call__(self, H, real_tokens):
         return self.output.dense(self.self(H, real_tokens))
@@ -179,10 +283,11 @@ class FlaxBiGSLayer(nn.Module):
 
     config: BiGSConfig
     dtype: jnp.dtype = jnp.float32
+    matmul_dtype: jnp.dtype | None = None
 
     def setup(self):
         c = self.config
-        dense = partial(_dense, c, self.dtype)
+        dense = partial(_dense, self)
         self.LayerNorm = nn.LayerNorm(epsilon=c.layer_norm_eps, dtype=self.dtype)
         if c.routing == "ssm":
             self.fs4 = S4dLayer(num_ssm=c.num_ssm)
@@ -194,7 +299,7 @@ class FlaxBiGSLayer(nn.Module):
             self.duc_forward = dense(c.hidden_size)
             self.duc_backward = dense(c.hidden_size)
         else:
-            self.attention = FlaxBiGSRouting(c, layer_norm=False, dtype=self.dtype)
+            self.attention = FlaxBiGSRouting(c, layer_norm=False, dtype=self.dtype, matmul_dtype=self.matmul_dtype)
         self.dol = dense(c.intermediate_size)
         self.do = dense(c.hidden_size)
 
@@ -221,9 +326,10 @@ class FlaxBiGSLayer(nn.Module):
 class FlaxBiGSIntermediate(nn.Module):
     config: BiGSConfig
     dtype: jnp.dtype = jnp.float32
+    matmul_dtype: jnp.dtype | None = None
 
     def setup(self):
-        self.dense = _dense(self.config, self.dtype, self.config.intermediate_size)
+        self.dense = _dense(self, self.config.intermediate_size)
 
     def __call__(self, X):
         return exact_gelu(self.dense(X))
@@ -234,16 +340,17 @@ class FlaxBiGSStackLayer(nn.Module):
 
     config: BiGSConfig
     dtype: jnp.dtype = jnp.float32
+    matmul_dtype: jnp.dtype | None = None
 
     def setup(self):
         c = self.config
-        routing = FlaxBiGSRouting(c, layer_norm=True, dtype=self.dtype)
+        routing = FlaxBiGSRouting(c, layer_norm=True, dtype=self.dtype, matmul_dtype=self.matmul_dtype)
         if c.routing == "attention":  # the parameter tree's names: attention/… or ssm/…
             self.attention = routing
         else:
             self.ssm = routing
-        self.intermediate = FlaxBiGSIntermediate(c, dtype=self.dtype)
-        self.output = FlaxBiGSSublayerOutput(c, layer_norm=True, dtype=self.dtype)
+        self.intermediate = FlaxBiGSIntermediate(c, dtype=self.dtype, matmul_dtype=self.matmul_dtype)
+        self.output = FlaxBiGSSublayerOutput(c, layer_norm=True, dtype=self.dtype, matmul_dtype=self.matmul_dtype)
 
     def residual(self, X, sublayer, norm):
         if self.config.pre_norm:
@@ -262,12 +369,15 @@ FLAX_LAYER_CLASSES = {"gated": FlaxBiGSLayer, "stack": FlaxBiGSStackLayer}
 class FlaxBiGSLayerCollection(nn.Module):
     config: BiGSConfig
     dtype: jnp.dtype = jnp.float32
+    matmul_dtype: jnp.dtype | None = None
 
     @nn.compact
     def __call__(self, X, real_tokens, output_hidden_states: bool = False):
         all_hidden = (X,) if output_hidden_states else None
         for i in range(self.config.num_hidden_layers):
-            X = FLAX_LAYER_CLASSES[self.config.block_type](self.config, dtype=self.dtype, name=str(i))(X, real_tokens)
+            X = FLAX_LAYER_CLASSES[self.config.block_type](
+                self.config, dtype=self.dtype, matmul_dtype=self.matmul_dtype, name=str(i)
+            )(X, real_tokens)
             if output_hidden_states:
                 all_hidden = all_hidden + (X,)
         return X, all_hidden
@@ -276,10 +386,11 @@ class FlaxBiGSLayerCollection(nn.Module):
 class FlaxBiGSEncoder(nn.Module):
     config: BiGSConfig
     dtype: jnp.dtype = jnp.float32
+    matmul_dtype: jnp.dtype | None = None
 
     @nn.compact
     def __call__(self, X, real_tokens, output_hidden_states: bool = False):
-        return FlaxBiGSLayerCollection(self.config, dtype=self.dtype, name="layer")(
+        return FlaxBiGSLayerCollection(self.config, dtype=self.dtype, matmul_dtype=self.matmul_dtype, name="layer")(
             X, real_tokens, output_hidden_states
         )
 
@@ -292,6 +403,7 @@ class FlaxBiGSEncoder(nn.Module):
 class FlaxBiGSEmbeddings(nn.Module):
     config: BiGSConfig
     dtype: jnp.dtype = jnp.float32
+    matmul_dtype: jnp.dtype | None = None
 
     @nn.compact
     def __call__(self, input_ids, token_type_ids, position_ids, deterministic: bool = True):
@@ -315,17 +427,12 @@ def mean_pool(hidden_states, attention_mask, pooler_type: str = "non_padding_mea
 class FlaxBiGSPooler(nn.Module):
     config: BiGSConfig
     dtype: jnp.dtype = jnp.float32
+    matmul_dtype: jnp.dtype | None = None
 
     @nn.compact
     def __call__(self, hidden_states, attention_mask):
         pooled = mean_pool(hidden_states, attention_mask, self.config.pooler_type)
-        dense = nn.Dense(
-            self.config.hidden_size,
-            dtype=self.dtype,
-            kernel_init=nn.initializers.normal(self.config.initializer_range),
-            name="dense",
-        )
-        return jnp.tanh(dense(pooled))
+        return jnp.tanh(_dense(self, self.config.hidden_size, name="dense")(pooled))
 
 
 class FlaxBiGSModule(nn.Module):
@@ -333,6 +440,7 @@ class FlaxBiGSModule(nn.Module):
 
     config: BiGSConfig
     dtype: jnp.dtype = jnp.float32
+    matmul_dtype: jnp.dtype | None = None
     add_pooling_layer: bool = True
 
     @nn.compact
@@ -354,15 +462,17 @@ class FlaxBiGSModule(nn.Module):
             token_type_ids = jnp.zeros_like(input_ids)
         if position_ids is None:
             position_ids = jnp.broadcast_to(jnp.arange(L), (B, L))
-        X = FlaxBiGSEmbeddings(self.config, dtype=self.dtype, name="embeddings")(
+        X = FlaxBiGSEmbeddings(self.config, dtype=self.dtype, matmul_dtype=self.matmul_dtype, name="embeddings")(
             input_ids, token_type_ids, position_ids, deterministic
         )
-        X, all_hidden = FlaxBiGSEncoder(self.config, dtype=self.dtype, name="encoder")(
+        X, all_hidden = FlaxBiGSEncoder(self.config, dtype=self.dtype, matmul_dtype=self.matmul_dtype, name="encoder")(
             X, attention_mask, output_hidden_states
         )
         pooled = None
         if self.add_pooling_layer:
-            pooled = FlaxBiGSPooler(self.config, dtype=self.dtype, name="pooler")(X, attention_mask)
+            pooled = FlaxBiGSPooler(self.config, dtype=self.dtype, matmul_dtype=self.matmul_dtype, name="pooler")(
+                X, attention_mask
+            )
         return X, pooled, all_hidden
 
 
@@ -374,16 +484,14 @@ class FlaxBiGSModule(nn.Module):
 class FlaxBiGSPredictionHeadTransform(nn.Module):
     config: BiGSConfig
     dtype: jnp.dtype = jnp.float32
+    matmul_dtype: jnp.dtype | None = None
 
     @nn.compact
     def __call__(self, hidden_states):
         c = self.config
         if c.hidden_act != "gelu":
             raise ValueError(f"the Flax MLM head implements hidden_act='gelu' only, got {c.hidden_act!r}")
-        dense = nn.Dense(
-            c.hidden_size, dtype=self.dtype, kernel_init=nn.initializers.normal(c.initializer_range), name="dense"
-        )
-        H = dense(hidden_states)
+        H = _dense(self, c.hidden_size, name="dense")(hidden_states)
         return nn.LayerNorm(epsilon=c.layer_norm_eps, dtype=self.dtype, name="LayerNorm")(exact_gelu(H))
 
 
@@ -392,15 +500,27 @@ class FlaxBiGSLMPredictionHead(nn.Module):
 
     config: BiGSConfig
     dtype: jnp.dtype = jnp.float32
+    matmul_dtype: jnp.dtype | None = None
 
     @nn.compact
     def __call__(self, hidden_states, shared_embedding=None):
         c = self.config
-        H = FlaxBiGSPredictionHeadTransform(c, dtype=self.dtype, name="transform")(hidden_states)
+        H = FlaxBiGSPredictionHeadTransform(c, dtype=self.dtype, matmul_dtype=self.matmul_dtype, name="transform")(
+            hidden_states
+        )
         if shared_embedding is not None:
-            logits = H @ shared_embedding.T.astype(self.dtype)
+            if self.matmul_dtype is None:
+                logits = H @ shared_embedding.T.astype(self.dtype)
+            else:
+                logits = matmul_in(H, shared_embedding.T, self.matmul_dtype).astype(self.dtype)
         else:
-            logits = nn.Dense(c.vocab_size, dtype=self.dtype, use_bias=False, name="decoder")(H)
+            logits = nn.Dense(
+                c.vocab_size,
+                dtype=self.dtype,
+                dot_general=products_in(self.matmul_dtype),
+                use_bias=False,
+                name="decoder",
+            )(H)
         bias = self.param("bias", nn.initializers.zeros, (c.vocab_size,))
         return logits + bias.astype(self.dtype)
 
@@ -410,6 +530,7 @@ class FlaxBiGSForMaskedLMModule(nn.Module):
 
     config: BiGSConfig
     dtype: jnp.dtype = jnp.float32
+    matmul_dtype: jnp.dtype | None = None
 
     @nn.compact
     def __call__(
@@ -422,7 +543,9 @@ class FlaxBiGSForMaskedLMModule(nn.Module):
         logits_positions=None,
         output_hidden_states: bool = False,
     ):
-        backbone = FlaxBiGSModule(self.config, dtype=self.dtype, add_pooling_layer=False, name="s4_bert")
+        backbone = FlaxBiGSModule(
+            self.config, dtype=self.dtype, matmul_dtype=self.matmul_dtype, add_pooling_layer=False, name="s4_bert"
+        )
         X, _, all_hidden = backbone(
             input_ids, attention_mask, token_type_ids, position_ids, deterministic, output_hidden_states
         )
@@ -431,7 +554,7 @@ class FlaxBiGSForMaskedLMModule(nn.Module):
         shared = None
         if self.config.tie_word_embeddings:
             shared = backbone.variables["params"]["embeddings"]["word_embeddings"]["embedding"]
-        head = FlaxBiGSOnlyMLMHead(self.config, dtype=self.dtype, name="cls")
+        head = FlaxBiGSOnlyMLMHead(self.config, dtype=self.dtype, matmul_dtype=self.matmul_dtype, name="cls")
         logits = head(X, shared)
         return (logits, all_hidden) if output_hidden_states else logits
 
@@ -439,12 +562,13 @@ class FlaxBiGSForMaskedLMModule(nn.Module):
 class FlaxBiGSOnlyMLMHead(nn.Module):
     config: BiGSConfig
     dtype: jnp.dtype = jnp.float32
+    matmul_dtype: jnp.dtype | None = None
 
     @nn.compact
     def __call__(self, hidden_states, shared_embedding=None):
-        return FlaxBiGSLMPredictionHead(self.config, dtype=self.dtype, name="predictions")(
-            hidden_states, shared_embedding
-        )
+        return FlaxBiGSLMPredictionHead(
+            self.config, dtype=self.dtype, matmul_dtype=self.matmul_dtype, name="predictions"
+        )(hidden_states, shared_embedding)
 
 
 class FlaxBiGSForSequenceClassificationModule(nn.Module):
@@ -452,6 +576,7 @@ class FlaxBiGSForSequenceClassificationModule(nn.Module):
 
     config: BiGSConfig
     dtype: jnp.dtype = jnp.float32
+    matmul_dtype: jnp.dtype | None = None
 
     @nn.compact
     def __call__(
@@ -464,11 +589,13 @@ class FlaxBiGSForSequenceClassificationModule(nn.Module):
         output_hidden_states: bool = False,
     ):
         c = self.config
-        _, pooled, all_hidden = FlaxBiGSModule(c, dtype=self.dtype, name="s4_bert")(
+        _, pooled, all_hidden = FlaxBiGSModule(c, dtype=self.dtype, matmul_dtype=self.matmul_dtype, name="s4_bert")(
             input_ids, attention_mask, token_type_ids, position_ids, deterministic, output_hidden_states
         )
         pooled = nn.Dropout(rate=c.classifier_dropout_rate)(pooled, deterministic=deterministic)
-        logits = nn.Dense(c.num_labels, dtype=self.dtype, name="classifier")(pooled)
+        logits = nn.Dense(
+            c.num_labels, dtype=self.dtype, dot_general=products_in(self.matmul_dtype), name="classifier"
+        )(pooled)
         return (logits, all_hidden) if output_hidden_states else logits
 
 
@@ -484,6 +611,7 @@ class FlaxBiGSForQuestionAnsweringModule(nn.Module):
 
     config: BiGSConfig
     dtype: jnp.dtype = jnp.float32
+    matmul_dtype: jnp.dtype | None = None
 
     @nn.compact
     def __call__(
@@ -495,10 +623,12 @@ class FlaxBiGSForQuestionAnsweringModule(nn.Module):
         deterministic: bool = True,
         output_hidden_states: bool = False,
     ):
-        X, _, all_hidden = FlaxBiGSModule(self.config, dtype=self.dtype, add_pooling_layer=False, name="s4_bert")(
-            input_ids, attention_mask, token_type_ids, position_ids, deterministic, output_hidden_states
-        )
-        logits = nn.Dense(2, dtype=self.dtype, name="qa_outputs")(X)  # (B, L, 2)
+        X, _, all_hidden = FlaxBiGSModule(
+            self.config, dtype=self.dtype, matmul_dtype=self.matmul_dtype, add_pooling_layer=False, name="s4_bert"
+        )(input_ids, attention_mask, token_type_ids, position_ids, deterministic, output_hidden_states)
+        logits = nn.Dense(2, dtype=self.dtype, dot_general=products_in(self.matmul_dtype), name="qa_outputs")(
+            X
+        )  # (B, L, 2)
         spans = (logits[..., 0], logits[..., 1])
         return (spans, all_hidden) if output_hidden_states else spans
 
@@ -509,6 +639,7 @@ class FlaxBiGSForTokenClassificationModule(nn.Module):
 
     config: BiGSConfig
     dtype: jnp.dtype = jnp.float32
+    matmul_dtype: jnp.dtype | None = None
 
     @nn.compact
     def __call__(
@@ -521,9 +652,11 @@ class FlaxBiGSForTokenClassificationModule(nn.Module):
         output_hidden_states: bool = False,
     ):
         c = self.config
-        X, _, all_hidden = FlaxBiGSModule(c, dtype=self.dtype, add_pooling_layer=False, name="s4_bert")(
-            input_ids, attention_mask, token_type_ids, position_ids, deterministic, output_hidden_states
-        )
+        X, _, all_hidden = FlaxBiGSModule(
+            c, dtype=self.dtype, matmul_dtype=self.matmul_dtype, add_pooling_layer=False, name="s4_bert"
+        )(input_ids, attention_mask, token_type_ids, position_ids, deterministic, output_hidden_states)
         X = nn.Dropout(rate=c.classifier_dropout_rate)(X, deterministic=deterministic)
-        logits = nn.Dense(c.num_labels, dtype=self.dtype, name="classifier")(X)
+        logits = nn.Dense(
+            c.num_labels, dtype=self.dtype, dot_general=products_in(self.matmul_dtype), name="classifier"
+        )(X)
         return (logits, all_hidden) if output_hidden_states else logits

@@ -99,7 +99,11 @@ class TrainConfig(_Section):
     checkpoint_every: int = 200
     keep_checkpoints: int = 2
     seed: int = 0
-    dtype: Literal["auto", "float32", "bfloat16"] = Field("auto", description="auto = bf16 on GPU/TPU, fp32 on CPU")
+    dtype: Literal["auto", "float32", "bfloat16"] = Field(
+        "auto",
+        description="auto = bf16 on GPU/TPU and on a CPU with AVX512_BF16 or AMX (there: bf16 products, "
+        "fp32 activations), else fp32; training/precision.py",
+    )
     progress: bool = True
     prefetch_batches: int = Field(
         2, ge=0, description="batches built and copied to the devices ahead of their step (0 = in line)"

@@ -35,8 +35,9 @@ from training.data.spans import encode_qa, encode_tagged, label_names, read_squa
 from .artifact import device_description, load_artifact, write_artifact
 from .config import TrainConfig
 from .metrics import classification_report, entity_f1, majority_baseline, squad_scores
+from .precision import compute_precision
 from .steps import classification_loss_sums, mlm_loss_sums
-from .trainer import Trainer, TrainTask, compute_dtype, maybe_initialize_distributed, plot_curves
+from .trainer import Trainer, TrainTask, maybe_initialize_distributed, plot_curves
 
 # ------------------------------------------------------------------------------------------
 # Parameters
@@ -211,7 +212,7 @@ def _masked_lm(config: TrainConfig, started: float) -> Path:
     eval_split = open_split(data_dir, "validation", seq_len)
     if model_config is None:
         model_config = _model_config(config, len(tokenizer))
-    module = FlaxBiGSForMaskedLMModule(model_config, dtype=compute_dtype(config.dtype))
+    module = FlaxBiGSForMaskedLMModule(model_config, **compute_precision(config.dtype).module_kwargs())
     fresh = init_params(module, seed=config.seed)
     params = fresh if start_params is None else restrict_to(start_params, fresh)
     masking = MaskingConfig.from_tokenizer(tokenizer, mlm_probability=config.data.mask_prob)
@@ -251,7 +252,7 @@ def _classify(config: TrainConfig, started: float) -> Path:
     model_config.label2id = {v: k for k, v in id2label.items()}
     model_config.problem_type = "single_label_classification"
     model_config.hidden_dropout_prob = config.model.hidden_dropout_prob
-    module = FlaxBiGSForSequenceClassificationModule(model_config, dtype=compute_dtype(config.dtype))
+    module = FlaxBiGSForSequenceClassificationModule(model_config, **compute_precision(config.dtype).module_kwargs())
     params = backbone_from(source_params, init_params(module, seed=config.seed))
     train_split, eval_split = open_split(data_dir, "train"), open_split(data_dir, "validation")
     num_labels = len(id2label)
@@ -361,7 +362,7 @@ def _question_answering(config: TrainConfig, started: float) -> Path:
         "validation": sum(e.is_impossible for e in held_out),
     }
     model_config.hidden_dropout_prob = config.model.hidden_dropout_prob
-    module = FlaxBiGSForQuestionAnsweringModule(model_config, dtype=compute_dtype(config.dtype))
+    module = FlaxBiGSForQuestionAnsweringModule(model_config, **compute_precision(config.dtype).module_kwargs())
 
     def apply_fn(variables, *args, **kwargs):
         """(B, 2, L): start and end logits as two "classifications" over positions, so the loss is the
@@ -400,7 +401,7 @@ def _token_classification(config: TrainConfig, started: float) -> Path:
     model_config.id2label = dict(enumerate(names))
     model_config.label2id = label2id
     model_config.hidden_dropout_prob = config.model.hidden_dropout_prob
-    module = FlaxBiGSForTokenClassificationModule(model_config, dtype=compute_dtype(config.dtype))
+    module = FlaxBiGSForTokenClassificationModule(model_config, **compute_precision(config.dtype).module_kwargs())
 
     def eval_metrics(outputs: list[dict]) -> dict:
         """Entity F1 over words: each word's tag is its first piece's (the positions labelled in the data)."""
@@ -430,6 +431,7 @@ def _card(config: TrainConfig, trainer: Trainer, data_card: dict, held_out: dict
         "wall_time_s": time.time() - started,
         "held_out": held_out,
         "device": device_description(),
+        "compute_precision": compute_precision(config.dtype).describe(),
         "throughput": trainer.throughput.summary() if trainer.throughput else None,
     }
 

@@ -28,6 +28,7 @@ from jax.sharding import PartitionSpec as P
 
 from .config import TrainConfig
 from .feed import feed
+from .precision import compute_precision
 from .steps import TrainState, make_eval_step, make_optimizer, make_train_step
 from .throughput import Throughput, lowered_flops, peak_for_run
 
@@ -43,14 +44,6 @@ def maybe_initialize_distributed() -> None:
 def data_parallel_mesh(devices=None) -> Mesh:
     devices = np.array(devices if devices is not None else jax.devices())
     return Mesh(devices, ("data",))
-
-
-def compute_dtype(setting: str):
-    if setting == "float32":
-        return jnp.float32
-    if setting == "bfloat16":
-        return jnp.bfloat16
-    return jnp.float32 if jax.default_backend() == "cpu" else jnp.bfloat16
 
 
 @dataclass
@@ -131,7 +124,7 @@ class Trainer:
     def throughput_meter(self, state: TrainState, first_batch) -> Throughput:
         """Model FLOPs of one step (XLA's count of the lowered step) and the devices' peak."""
         flops = lowered_flops(self._train_step.lower(state, first_batch, self._rng))
-        dtype_name = jnp.dtype(compute_dtype(self.config.dtype)).name
+        dtype_name = jnp.dtype(compute_precision(self.config.dtype).products).name
         devices = list(self.mesh.devices.flat)
         peak, source = peak_for_run(devices, dtype_name, self.config.peak_flops_per_device)
         return Throughput(flops_per_step=flops, peak_flops=peak, peak_source=source)
