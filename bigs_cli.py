@@ -13,6 +13,7 @@ bigs bench memory --model NAME=EXPORT_DIR …                         resident m
 bigs bench precision EXPORT_DIR [--buckets 128,512,4096 --quantize]     fp32, int8 and bf16 variants side by side
 bigs bench compare [--quick] [--out docs/BENCHMARKS.md]             BiGS vs same-size BERT, dense-FLOP floors, batching
 bigs bench default-size [--sizes 384x6,…] [--out docs/BENCHMARKS.md] default models' size: 4,096-token latency vs shipping budget
+bigs bench train [--shapes mlm:32x128,classify:32x512] [--baseline REV] [--out docs/BENCHMARKS.md]  one training step: split, floor, torch reference
 bigs export ARTIFACT_DIR OUT_DIR [--buckets 128,256] [--formats onnx,stablehlo] [--precisions int8,bf16]
 bigs export --verify OUT_DIR                                       re-hash files, re-measure parity and gates
 bigs hub-files DIR [DIR …]          (re)write what stock transformers / sentence-transformers / the Hub read
@@ -41,6 +42,7 @@ BENCHMARKS = {
     "precision": "bench.precision",
     "compare": "bench.compare",
     "default-size": "bench.default_size",
+    "train": "bench.train_step",
 }
 
 
