@@ -2,8 +2,8 @@
 
 A route handler validates the body, asks the service state for the engine, calls ONE method of it
 (`fill_mask`, `classify`, `embed`, `question_answering`, `token_classification`; `rerank`, built on
-`classify` or `embed`; `tokenize` and `decode`, the model's tokenizer alone) and shapes the answer. Everything between lives here, in the
-order a request meets it:
+`classify` or `embed`; `tokenize` and `decode`, the model's tokenizer alone) and shapes the answer.
+Everything between lives here, in the order a request meets it:
 
     (admitted)   the request already holds a permit of the service-wide bound on requests in
                  flight, taken before its body was parsed (service/admission.py)
@@ -18,9 +18,12 @@ order a request meets it:
                  a large fill-mask answer in a worker thread
 
 The request's deadline (`request_timeout_s`) starts when the engine method is entered, and covers
-the tokenization too. Nothing a request sends is worked on at length on the event loop: CPU work
-that grows with the request runs in worker threads, and fill-mask answers are bounded
-(`max_fill_mask_candidates`).
+the tokenization too. Every method, `tokenize` and `decode` included, takes the same per-request
+bounds: `max_inputs_per_request` inputs, each at most the model's length (413 past it unless
+`truncate`; a text far over it counted from a prefix, service/tokenization.py), tokenized in a worker
+thread under the deadline (`_tokenizer_work`). Nothing a request sends is worked on at length on the
+event loop: CPU work that grows with the request runs in worker threads (large answers are built
+there too), and fill-mask answers are bounded (`max_fill_mask_candidates`).
 
 An engine is built from an export dir's manifest, read once by the service state (service/state.py).
 """
@@ -32,8 +35,10 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
 import numpy as np
+import pydantic_core
 
 from export.manifest import Manifest
 
@@ -68,6 +73,8 @@ from .tokenization import Encoded, RequestTokenizer, SpanEncoded, TooLong
 # Postprocessing more than this (masks × vocabulary softmax entries, plus candidates × input tokens for
 # their sequences) runs in a worker thread; smaller answers are quicker done on the loop than handed off.
 POSTPROCESS_INLINE_WORK = 200_000
+
+T = TypeVar("T")
 
 # Returns when the client has gone away (the route knows how to tell; the engine watches for it).
 ClientGone = Callable[[], Awaitable[None]]
@@ -311,22 +318,26 @@ class ModelEngine:
         vectors = np.asarray(answer.content)
         return (vectors[1:] @ vectors[0]).tolist(), answer
 
-    async def tokenize(self, texts: list[str], add_special_tokens: bool) -> list[list[dict]]:
-        """Per text, its tokens (TEI's /tokenize), in a worker thread: texts are bounded only by the body."""
+    async def tokenize(self, texts: list[str], add_special_tokens: bool, truncate: bool) -> bytes:
+        """Per text, its tokens (TEI's /tokenize), as JSON. Bounded as a model input is: up to the model's
+        length, past it 413 unless `truncate` (a text far over it counted from a prefix); and the answer,
+        some 60 bytes a token, built and written in the tokenizer's worker thread, until the deadline."""
         note_model(self.name)
+        deadline = self._deadline()
         self._check_count(texts)
-        return await asyncio.to_thread(self.tokenizer.tokens, texts, add_special_tokens)
+        return await self._tokenizer_work(
+            lambda: pydantic_core.to_json(self.tokenizer.tokens(texts, add_special_tokens, truncate)), deadline
+        )
 
-    async def decode(self, sequences: list[list[int]], skip_special_tokens: bool) -> list[str]:
-        """Per list of token ids, its text (TEI's /decode); 422 for an id outside the vocabulary."""
+    async def decode(self, sequences: list[list[int]], skip_special_tokens: bool) -> bytes:
+        """Per list of token ids, its text (TEI's /decode), as JSON, in a worker thread: each list checked
+        as a token-id input of the model is (422 for an id outside the vocabulary, 413 past its length)."""
         note_model(self.name)
+        deadline = self._deadline()
         self._check_count(sequences)
-        try:
-            for ids in sequences:
-                self.tokenizer.check_ids(ids)
-        except ValueError as error:
-            raise ServiceError(422, "validation", str(error)) from None
-        return await asyncio.to_thread(lambda: [self.tokenizer.decode(ids, skip_special_tokens) for ids in sequences])
+        return await self._tokenizer_work(
+            lambda: pydantic_core.to_json(self.tokenizer.texts(sequences, skip_special_tokens)), deadline
+        )
 
     # -- the stages -------------------------------------------------------------------------
 
@@ -358,52 +369,56 @@ class ModelEngine:
         deadline: float | None = None,
         fill_mask: bool = False,
     ) -> list[Encoded]:
-        """Tokenize in a worker thread, until the deadline (504). `limit` (below the model's max length):
-        the most tokens this endpoint takes; `truncate` cuts there, else too long is 413, with advice
-        naming only what the route accepts (fill-mask has no `truncate`). Its time and the inputs' lengths
-        go to the metrics and the request's record (service/telemetry.py)."""
-        started = time.perf_counter()
-        remaining = None if deadline is None else max(0.0, deadline - started)
-        try:
-            with self.batcher.expecting():  # queued right after, with no await in between
-                work = asyncio.to_thread(self.tokenizer.encode, items, truncate, documents, limit)
-                encoded = await asyncio.wait_for(work, remaining)
-            self._observe_encoded(encoded, started)
-            return encoded
-        except TimeoutError:
-            raise ServiceError(504, "timeout", "the request deadline passed while its inputs were tokenized") from None
-        except TooLong as error:
+        """Tokenize (`_tokenizer_work`). `limit` (below the model's max length): the most tokens this
+        endpoint takes; `truncate` cuts there, else too long is 413, with advice naming only what the
+        route accepts (fill-mask has no `truncate`). Its time and the inputs' lengths go to the metrics
+        and the request's record (service/telemetry.py)."""
+
+        def advice(error: TooLong) -> str:
             if fill_mask:
-                raise ServiceError(
-                    413,
-                    "too_long",
+                return (
                     f"input {error.index} has {error.counted}; this model takes at most {error.limit}. "
-                    "Send shorter text (fill-mask does not truncate).",
-                ) from None
+                    "Send shorter text (fill-mask does not truncate)."
+                )
             if limit is None or limit >= self.max_length:
-                raise ServiceError(413, "too_long", str(error)) from None
-            raise ServiceError(
-                413,
-                "too_long",
+                return str(error)
+            return (
                 f"input {error.index} has {error.counted}; /v1/classify takes at most {limit} "
-                "(use /v1/documents/classify for long documents, or set truncate)",
-            ) from None
-        except ValueError as error:  # a token id outside the vocabulary
-            raise ServiceError(422, "validation", str(error)) from None
+                "(use /v1/documents/classify for long documents, or set truncate)"
+            )
+
+        started = time.perf_counter()
+        with self.batcher.expecting():  # queued right after, with no await in between
+            encoded = await self._tokenizer_work(
+                lambda: self.tokenizer.encode(items, truncate, documents, limit), deadline, advice
+            )
+        self._observe_encoded(encoded, started)
+        return encoded
 
     async def _encode_spans(self, items: list, truncate: bool, strategy: str, deadline: float) -> list[SpanEncoded]:
         """`_encode` for the per-token heads: the same thread, deadline, errors and metrics, with offsets kept."""
         started = time.perf_counter()
+        with self.batcher.expecting():
+            encoded = await self._tokenizer_work(
+                lambda: self.tokenizer.encode_spans(items, truncate, strategy), deadline
+            )
+        self._observe_encoded(encoded, started)
+        return encoded
+
+    @staticmethod
+    async def _tokenizer_work(work: Callable[[], T], deadline: float | None, advice=None) -> T:
+        """`work()`, the tokenizer's (every text of every route is tokenized here), in a worker thread
+        until the deadline (504); its refusals as answers: TooLong 413 (its message, or `advice(error)`),
+        another ValueError (a token id outside the vocabulary) 422."""
+        remaining = None if deadline is None else max(0.0, deadline - time.perf_counter())
         try:
-            with self.batcher.expecting():
-                work = asyncio.to_thread(self.tokenizer.encode_spans, items, truncate, strategy)
-                encoded = await asyncio.wait_for(work, max(0.0, deadline - started))
-            self._observe_encoded(encoded, started)
-            return encoded
+            return await asyncio.wait_for(asyncio.to_thread(work), remaining)
         except TimeoutError:
             raise ServiceError(504, "timeout", "the request deadline passed while its inputs were tokenized") from None
         except TooLong as error:
-            raise ServiceError(413, "too_long", str(error)) from None
+            raise ServiceError(413, "too_long", advice(error) if advice else str(error)) from None
+        except ValueError as error:
+            raise ServiceError(422, "validation", str(error)) from None
 
     def _observe_encoded(self, encoded: list[Encoded], started: float) -> None:
         elapsed = time.perf_counter() - started

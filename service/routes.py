@@ -105,6 +105,13 @@ class Answered(JSONResponse):
         return pydantic_core.to_json(content, inf_nan_mode="null")
 
 
+class Written(Response):
+    """An answer the engine has already written as JSON, in a worker thread (/tokenize's can be
+    megabytes: building and writing it on the event loop held every other request)."""
+
+    media_type = "application/json"
+
+
 def respond(answer: Answer, many: bool, started: float) -> JSONResponse:
     return Answered(answer.content if many else answer.content[0], headers=answer.headers(started))
 
@@ -407,16 +414,30 @@ async def tei_rerank(body: TEIRerankRequest, request: Request):
     return Answered(ranks, headers=answer.headers(started))
 
 
-@tei.post("/tokenize", summary="Tokenize texts (TEI)", response_model=list[list[TEIToken]])
+@tei.post(
+    "/tokenize",
+    summary="Tokenize texts (TEI)",
+    description="Per text, its tokens `{id, text, special, start, stop}`. Texts are bounded as the model's "
+    "inputs are: at most `max_inputs_per_request` of them, each up to the model's maximum length; longer is "
+    "413 unless `truncate`, which cuts it there (TEI's /tokenize has no bound but the body's).",
+    response_model=list[list[TEIToken]],
+)
 async def tei_tokenize(body: TEITokenizeRequest, request: Request):
     texts, _ = tei_items(body.inputs)
-    return await service(request).default_engine().tokenize(texts, body.add_special_tokens)
+    engine = service(request).default_engine()
+    return Written(await engine.tokenize(texts, body.add_special_tokens, body.truncating))
 
 
-@tei.post("/decode", summary="Decode token ids (TEI)", response_model=list[str])
+@tei.post(
+    "/decode",
+    summary="Decode token ids (TEI)",
+    description="Per list of token ids, its text. Each list is a model input's ids: at most the model's "
+    "maximum length (413 past it), ids of its vocabulary (422 otherwise).",
+    response_model=list[str],
+)
 async def tei_decode(body: TEIDecodeRequest, request: Request):
     sequences = [body.ids] if isinstance(body.ids[0], int) else body.ids
-    return await service(request).default_engine().decode(sequences, body.skip_special_tokens)
+    return Written(await service(request).default_engine().decode(sequences, body.skip_special_tokens))
 
 
 # TEI's words for the precision served. TEI's `model_dtype` is one dtype: a model served at several

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-from tokenizers import Tokenizer, decoders
+from tokenizers import Encoding, Tokenizer, decoders
 
 
 @dataclass
@@ -48,6 +48,12 @@ class SpanEncoded(Encoded):
 
 
 TRUNCATE_HINT = 'Send shorter text or set "truncate": true.'
+# Truncation strategies that keep one part of a pair whole: which part, and what to say when it alone is too long.
+KEPT = {"only_first": 1, "only_second": 0}
+UNTRUNCATABLE = {
+    "only_first": "Truncation cuts the document only: send a shorter text_pair.",
+    "only_second": "The question is never cut: send a shorter question.",
+}
 
 
 class TooLong(ValueError):
@@ -121,61 +127,59 @@ class RequestTokenizer:
         limit = min(max_length or self.max_length, self.max_length)
         given = {i: self.from_ids(item, limit, i) for i, item in enumerate(inputs) if isinstance(item, list)}
         texts = [i for i in range(len(inputs)) if i not in given]  # the indices of texts and pairs
-        items = [self._bounded(i, inputs[i], limit, truncate, documents) for i in texts]
-        tokenizer = self.plain
-        if truncate:
-            tokenizer = self.truncating("only_first" if documents else "longest_first", limit)
-        try:
-            encodings = tokenizer.encode_batch(items, add_special_tokens=True) if items else []
-        except Exception:  # "only_first" cannot cut enough when the query after a document is itself too long
-            if not truncate:
-                raise
-            self._raise_untruncatable(tokenizer, items, limit, texts)
+        strategy = "only_first" if documents else "longest_first"
+        encodings = self.bounded_encodings([inputs[i] for i in texts], limit, truncate, strategy, indices=texts)
         for index, enc in zip(texts, encodings, strict=True):
-            if len(enc.ids) > limit:
-                raise TooLong(len(enc.ids), limit, index)
             given[index] = Encoded(np.asarray(enc.ids, np.int64), np.asarray(enc.type_ids, np.int64))
         return [given[i] for i in range(len(inputs))]
+
+    def bounded_encodings(
+        self,
+        items: list[str | tuple[str, str]],
+        limit: int,
+        truncate: bool,
+        strategy: str,
+        add_special_tokens: bool = True,
+        indices: list[int] | None = None,
+    ) -> list[Encoding]:
+        """The one bound every route's texts go through: each text or pair at most `limit` tokens, else
+        TooLong (→ 413) unless `truncate`, which cuts by `strategy` ("longest_first"; "only_first": a
+        document, never the query after it; "only_second": a context, never the question before it). A
+        text far over the limit is refused, or cut to a prefix that gives the same tokens, before it is
+        tokenized whole (`_bounded`). `indices`: the items' places in the request (for the errors)."""
+        indices = list(range(len(items))) if indices is None else indices
+        items = [self._bounded(i, item, limit, truncate, strategy) for i, item in zip(indices, items, strict=True)]
+        tokenizer = self.truncating(strategy, limit) if truncate else self.plain
+        try:  # encode_batch releases the GIL (encode does not): the event loop runs meanwhile
+            encodings = tokenizer.encode_batch(items, add_special_tokens=add_special_tokens) if items else []
+        except Exception:  # "only_first" / "only_second" cannot cut enough when the part they keep is too long
+            if not truncate:
+                raise
+            self._raise_untruncatable(tokenizer, items, limit, indices, strategy)
+        for index, enc in zip(indices, encodings, strict=True):
+            if len(enc.ids) > limit:
+                raise TooLong(len(enc.ids), limit, index)
+        return encodings
 
     def encode_spans(
         self, inputs: list[str | tuple[str, str]], truncate: bool = False, strategy: str = "only_second"
     ) -> list[SpanEncoded]:
         """Texts, or (question, context) pairs, with their offsets, up to the model's length in one piece:
         TooLong (→ 413) past it unless `truncate`, which cuts by `strategy` ("only_second": the context,
-        never the question; "longest_first" for single texts). A text far over the limit is refused, or cut
-        to a prefix that gives the same first tokens, before it is tokenized whole (`proves_too_long`)."""
-        limit = self.max_length
-        items = []
-        for index, item in enumerate(inputs):
-            parts = list(item) if isinstance(item, tuple) else [item]
-            last = parts[-1]  # the context of a pair: the part truncation may cut
-            end = self.proves_too_long(last, limit) if len(last) > 2 * self.scan_chars(limit) else None
-            if end is not None:
-                if not truncate:
-                    raise TooLong(limit, limit, index, characters=len(last))
-                parts[-1] = last[:end]
-            items.append(tuple(parts) if len(parts) == 2 else parts[0])
-        tokenizer = self.truncating(strategy, limit) if truncate else self.plain
-        encoded = []
-        for index, item in enumerate(items):
-            try:
-                enc = tokenizer.encode(*(item if isinstance(item, tuple) else (item,)), add_special_tokens=True)
-            except Exception:  # only_second cannot cut enough: the question alone is too long
-                length = len(self.plain.encode(*(item if isinstance(item, tuple) else (item,))).ids)
-                raise TooLong(length, limit, index, "The question is never cut: send a shorter question.") from None
-            if len(enc.ids) > limit:
-                raise TooLong(len(enc.ids), limit, index)
-            encoded.append(
-                SpanEncoded(
-                    input_ids=np.asarray(enc.ids, np.int64),
-                    token_type_ids=np.asarray(enc.type_ids, np.int64),
-                    offsets=np.asarray(enc.offsets, np.int64).reshape(-1, 2),
-                    sequence_ids=np.asarray([-1 if s is None else s for s in enc.sequence_ids], np.int64),
-                    word_ids=np.asarray([-1 if w is None else w for w in enc.word_ids], np.int64),
-                    tokens=list(enc.tokens),
-                )
+        never the question; "longest_first" for single texts); bounded as every input is
+        (`bounded_encodings`)."""
+        encodings = self.bounded_encodings(inputs, self.max_length, truncate, strategy)
+        return [
+            SpanEncoded(
+                input_ids=np.asarray(enc.ids, np.int64),
+                token_type_ids=np.asarray(enc.type_ids, np.int64),
+                offsets=np.asarray(enc.offsets, np.int64).reshape(-1, 2),
+                sequence_ids=np.asarray([-1 if s is None else s for s in enc.sequence_ids], np.int64),
+                word_ids=np.asarray([-1 if w is None else w for w in enc.word_ids], np.int64),
+                tokens=list(enc.tokens),
             )
-        return encoded
+            for enc in encodings
+        ]
 
     def tokens_to_string(self, tokens: list[str]) -> str:
         """Word pieces back to text with the tokenizer's decoder ("hello", "##world" → "helloworld"), as
@@ -192,12 +196,17 @@ class RequestTokenizer:
             raise TooLong(len(ids), limit, index, "Token-id inputs are never truncated: send fewer ids.")
         return Encoded(np.asarray(ids, np.int64), np.zeros(len(ids), np.int64))
 
-    def tokens(self, texts: list[str], add_special_tokens: bool = True) -> list[list[dict]]:
+    def tokens(
+        self, texts: list[str], add_special_tokens: bool = True, truncate: bool = False, max_length: int | None = None
+    ) -> list[list[dict]]:
         """Per text, its tokens as text-embeddings-inference lists them: id, text (the span of the
         input it came from; a special token's own text), special, start and stop (character offsets,
-        None for a special token)."""
+        None for a special token). Each text at most `max_length` tokens (default: the model's), bounded
+        as a model input is (`bounded_encodings`): TooLong past it unless `truncate`, which cuts at its end."""
+        limit = min(max_length or self.max_length, self.max_length)
+        encodings = self.bounded_encodings(texts, limit, truncate, "longest_first", add_special_tokens)
         result = []
-        for text, enc in zip(texts, self.plain.encode_batch(texts, add_special_tokens=add_special_tokens), strict=True):
+        for text, enc in zip(texts, encodings, strict=True):  # a cut text's offsets are those of its prefix
             tokens = []
             for token_id, token, (start, stop), special in zip(
                 enc.ids, enc.tokens, enc.offsets, enc.special_tokens_mask, strict=True
@@ -210,6 +219,14 @@ class RequestTokenizer:
                     )
             result.append(tokens)
         return result
+
+    def texts(self, sequences: list[list[int]], skip_special_tokens: bool = True) -> list[str]:
+        """Per list of token ids, its text (TEI's /decode). Each list is checked as a token-id input of
+        the model is (`from_ids`): ValueError for an id outside the vocabulary, TooLong past the model's
+        length (never cut)."""
+        for index, ids in enumerate(sequences):
+            self.from_ids(ids, self.max_length, index)
+        return self.plain.decode_batch(sequences, skip_special_tokens=skip_special_tokens)
 
     def check_ids(self, ids: list[int]) -> None:
         """ValueError for an id outside the vocabulary (the decoder would skip it without a word)."""
@@ -224,10 +241,12 @@ class RequestTokenizer:
         """Characters per step of `proves_too_long`; texts up to twice this are simply tokenized."""
         return max(8 * limit, 4096)
 
-    def _bounded(self, index: int, item, limit: int, truncate: bool, documents: bool):
+    def _bounded(self, index: int, item, limit: int, truncate: bool, strategy: str):
         """The item, unless a text of it is far over `limit` tokens: then TooLong, or with `truncate`
         the text cut to a prefix that gives exactly the same truncated tokens. (Tokenizing 2M tokens
-        whole to learn that they are too many took 10 s and 1.1 GB.)"""
+        whole to learn that they are too many took 10 s and 1.1 GB.) A part the strategy never cuts (the
+        query after a document, the question before a context) far over the limit is TooLong whatever
+        `truncate` says."""
         parts = list(item) if isinstance(item, tuple) else [item]
         ends = {
             j: end
@@ -239,10 +258,12 @@ class RequestTokenizer:
         j, end = next(iter(ends.items()))
         if not truncate:
             raise TooLong(limit, limit, index, characters=len(parts[j]))
-        if documents and 1 in ends:  # truncating a document never cuts the query that follows it
-            hint = "Truncation cuts the document only: send a shorter text_pair."
-            raise TooLong(limit, limit, index, hint, characters=len(parts[1]))
-        if len(parts) == 2 and not documents:
+        if len(parts) == 2 and strategy in KEPT:  # one part is cut, the other never
+            kept = KEPT[strategy]
+            if kept in ends:
+                raise TooLong(limit, limit, index, UNTRUNCATABLE[strategy], characters=len(parts[kept]))
+            j, end = 1 - kept, ends[1 - kept]
+        elif len(parts) == 2:
             # Cut longest-first, a pair's split depends on which text is the longer: the cut text must stay
             # the longer one, so both cannot be cut, and one is cut only past the other's length.
             if len(ends) == 2:
@@ -275,15 +296,16 @@ class RequestTokenizer:
                 return start + step
         return None
 
-    def _raise_untruncatable(self, tokenizer: Tokenizer, inputs: list, limit: int, indices: list[int]) -> None:
-        for index, item in zip(indices, inputs, strict=True):
+    def _raise_untruncatable(
+        self, tokenizer: Tokenizer, items: list, limit: int, indices: list[int], strategy: str
+    ) -> None:
+        """TooLong for the first item `strategy` cannot cut to `limit` (the part it keeps is too long)."""
+        for index, item in zip(indices, items, strict=True):
             try:
                 tokenizer.encode(*(item if isinstance(item, tuple) else (item,)), add_special_tokens=True)
             except Exception:
                 length = len(self.plain.encode(*(item if isinstance(item, tuple) else (item,))).ids)
-                raise TooLong(
-                    length, limit, index, "Truncation cuts the document only: send a shorter text_pair."
-                ) from None
+                raise TooLong(length, limit, index, UNTRUNCATABLE.get(strategy, TRUNCATE_HINT)) from None
         raise RuntimeError("the tokenizer failed on a batch but on none of its inputs")
 
     def token_ids(self, words: list[str]) -> list[int]:

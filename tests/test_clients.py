@@ -201,6 +201,33 @@ def test_tei_tokenize_and_decode_round_trip(http):
     assert both == ["[CLS] the cat sat, unhappily. [SEP]"] * 2
 
 
+def test_tei_tokenize_and_decode_are_bounded_as_the_models_inputs_are(server, http):
+    """Issue 26: /tokenize with "a " × 1,000,000 answered 200 with 68.9 MB after 10 s, holding /health 6.6 s.
+    Now it takes the model routes' bounds: past the model's length 413 (a text far over it counted from a
+    prefix, at once), or with `truncate` (TEI's name) cut there; /decode takes at most the model's length."""
+    import time
+
+    huge = {"inputs": "a " * 1_000_000}
+    started = time.perf_counter()
+    error = assert_error(http.post("/tokenize", json=huge), 413, "too_long")["error"]
+    assert time.perf_counter() - started < 1.0
+    assert error.startswith("input 0 has more than 1024 tokens (2,000,000 characters)") and "truncate" in error
+    [tokens] = http.post("/tokenize", json={**huge, "truncate": True}).json()
+    assert len(tokens) == 1024 and tokens[-1]["special"] and tokens[-2] == {
+        "id": 1037, "text": "a", "special": False, "start": 2042, "stop": 2043}  # fmt: skip
+    # just over the limit: the exact count; cut at the end, as the model routes cut
+    error = assert_error(http.post("/tokenize", json={"inputs": ["a dog", "cat " * 1100]}), 413, "too_long")["error"]
+    assert error == 'input 1 has 1102 tokens; this model takes at most 1024. Send shorter text or set "truncate": true.'
+    body = {"inputs": "cat " * 1100, "truncate": True, "truncation_direction": "right", "add_special_tokens": False}
+    [plain] = http.post("/tokenize", json=body).json()
+    assert [t["id"] for t in plain] == [4937] * 1024 and plain[-1]["stop"] == 4 * 1023 + 3
+    assert_error(http.post("/tokenize", json={**body, "truncation_direction": "left"}), 422, "validation")
+    assert_error(http.post("/tokenize", json={"inputs": ["a"] * 65}), 422, "validation")
+    error = assert_error(http.post("/decode", json={"ids": [[101, 102], [1996] * 1100]}), 413, "too_long")["error"]
+    assert error.startswith("input 1 has 1100 tokens; this model takes at most 1024.")
+    assert http.post("/decode", json={"ids": [1996] * 1024}).json() == [" ".join(["the"] * 1024)]
+
+
 def test_tei_info_describes_the_default_model(http):
     info = http.get("/info").json()
     assert info["model_id"] == "cls" and info["max_input_length"] == 1024
@@ -258,10 +285,15 @@ BAD = {  # id: (path, httpx kwargs, status, error_type)
     "tokenize-number": ("/tokenize", {"json": {"inputs": 3}}, 422, "validation"),
     "tokenize-empty-list": ("/tokenize", {"json": {"inputs": []}}, 422, "validation"),
     "tokenize-surrogate": ("/tokenize", {"content": b'{"inputs": "\\ud800"}', "headers": J}, 422, "validation"),
+    "tokenize-too-long": ("/tokenize", {"json": {"inputs": "cat " * 1100}}, 413, "too_long"),
+    "tokenize-truncate-string": ("/tokenize", {"json": {"inputs": "x", "truncate": "yes"}}, 422, "validation"),
+    "tokenize-prompt": ("/tokenize", {"json": {"inputs": "x", "prompt_name": "query"}}, 422, "validation"),
     "decode-strings": ("/decode", {"json": {"ids": ["a"]}}, 422, "validation"),
     "decode-empty": ("/decode", {"json": {"ids": []}}, 422, "validation"),
     "decode-out-of-vocab": ("/decode", {"json": {"ids": [101, 99999]}}, 422, "validation"),
     "decode-negative": ("/decode", {"json": {"ids": [-5]}}, 422, "validation"),
+    "decode-too-long": ("/decode", {"json": {"ids": [1996] * 1025}}, 413, "too_long"),
+    "decode-too-many": ("/decode", {"json": {"ids": [[1996]] * 65}}, 422, "validation"),
     "root-not-json": ("/", {"content": b"{", "headers": J}, 422, "validation"),
     "root-text-plain": ("/", {"content": b'{"inputs": "x"}', "headers": {"content-type": "text/plain"}}, 415, "unsupported_media_type"),
     "root-wrong-shape": ("/", {"json": {"query": "x"}}, 422, "validation"),

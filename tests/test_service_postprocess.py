@@ -83,10 +83,13 @@ def random_text(rng: np.random.Generator, n_words: int) -> str:
 def test_texts_far_too_long_answered_as_if_tokenized_whole(request_tokenizer, limit):
     """Texts over 16 × limit characters are counted from a prefix (`proves_too_long`), not tokenized
     whole: `encode` still refuses exactly the texts over the limit, and truncates to exactly the tokens
-    of the whole text, alone, in a pair cut longest-first (either text the longer), and as a document."""
-    from service.tokenization import TooLong
+    of the whole text, alone, in a pair cut longest-first (either text the longer), and as a document;
+    so do /tokenize's `tokens` (with and without special tokens) and `encode_spans` for a QA pair (the
+    context cut, never the question)."""
+    from service.tokenization import RequestTokenizer, TooLong
 
     tok = request_tokenizer
+    spans = RequestTokenizer(tok.tokenizer_json, limit)  # encode_spans takes the model's own length
     rng = np.random.default_rng(limit)
     proven = 0
     for trial in range(16):
@@ -113,4 +116,27 @@ def test_texts_far_too_long_answered_as_if_tokenized_whole(request_tokenizer, li
             item = args[0] if len(args) == 1 else args
             got = tok.encode([item], truncate=True, documents=strategy == "only_first", max_length=limit)[0]
             assert got.input_ids.tolist() == want, (trial, strategy)
+        for special in (True, False):
+            want = tok.truncating("longest_first", limit).encode(text, add_special_tokens=special)
+            [got] = tok.tokens([text], special, truncate=True, max_length=limit)
+            assert [t["id"] for t in got] == want.ids and [t["start"] for t in got] == [
+                None if s else o[0] for o, s in zip(want.offsets, want.special_tokens_mask, strict=True)]  # fmt: skip
+        try:
+            tok.tokens([text], max_length=limit)
+            assert whole <= limit
+        except TooLong:
+            assert whole > limit
+        want = tok.truncating("only_second", limit).encode("what is it about?", text)
+        [got] = spans.encode_spans([("what is it about?", text)], truncate=True, strategy="only_second")
+        assert got.input_ids.tolist() == want.ids and got.offsets.tolist() == [list(o) for o in want.offsets]
+        try:
+            tok.truncating("only_second", limit).encode(text, "the context")
+            fits = True
+        except Exception:
+            fits = False
+        try:
+            spans.encode_spans([(text, "the context")], truncate=True, strategy="only_second")
+            assert fits
+        except TooLong as error:
+            assert not fits and "The question is never cut" in str(error)
     assert proven >= 6
