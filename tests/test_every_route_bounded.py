@@ -1,0 +1,93 @@
+"""Every route is bounded, not just the model routes: each operation of the service's own OpenAPI
+document gets the largest requests it accepts under the body limit, against a real `bigs serve`.
+
+The bodies are built from each operation's request schema by tests/largest_requests.py (a string
+grows into "a a a …" up to the body limit, a list into `max_inputs_per_request` grown items and into
+as many items as its schema takes; each once with the defaults and once with every switch the other
+way, `truncate` on among them), so a route added later is walked without anyone adding it here, and
+one whose request cannot be built fails the test naming it. The server serves all four heads (the
+tiny fill-mask and classification models of tests/service_fixtures.py, and a QA model and a token
+classifier), so every model route does its real work.
+
+For each request: answered (any status but a 5xx) within ANSWER_S, /health answering within
+HEALTH_S meanwhile (the event loop never held), and the server's resident memory after it within
+RSS_GROWTH_MB of before. What it found first: POST /tokenize with "a " × 2M answered 200 with 146 MB
+after 20 s, /health held 14 s; a 4 MB fill-mask target held /health 5.6 s and kept +870 MB; a 4 MB
+question held it 4-8 s and kept +870 MB.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import httpx
+import pytest
+
+for _needed in ("fastapi", "uvicorn", "onnxruntime", "torch"):  # serve, and `bigs export` for the head models
+    pytest.importorskip(_needed)
+
+from largest_requests import Bodies, Unfillable, head_exports, measure, table  # noqa: E402
+from service_fixtures import Server  # noqa: E402
+
+from service.settings import ServiceSettings  # noqa: E402
+
+pytestmark = pytest.mark.slow
+
+ANSWER_S = 10.0  # generous: the machine is shared; the slowest answer here takes about 1 s
+HEALTH_S = 0.5
+RSS_GROWTH_MB = 150  # per request
+RSS_TOTAL_GROWTH_MB = 300  # over the whole walk
+
+
+@pytest.fixture(scope="module")
+def server(exports, logs, tmp_path_factory):
+    keep = os.environ.get("SERVICE_TEST_EXPORTS")
+    heads = head_exports(Path(keep) if keep else tmp_path_factory.mktemp("head-models"))
+    s = Server({"cls": exports["cls"], "fill": exports["mlm"], **heads}, logs, "every-route")
+    s.wait_ready()
+    yield s
+    s.stop()
+
+
+def test_largest_requests_are_built_for_every_operation_or_the_walk_names_the_one_it_cannot_fill():
+    doc = {
+        "paths": {
+            "/x": {"post": {"requestBody": {"content": {"application/json": {"schema": {"type": "object",
+                   "required": ["inputs"], "properties": {"inputs": {"type": "string"},
+                   "truncate": {"type": "boolean", "default": False}}}}}}}},
+            "/y": {"post": {"requestBody": {"content": {"text/plain": {"schema": {"type": "string"}}}}}},
+        }
+    }  # fmt: skip
+    bodies = Bodies(doc, max_bytes=10_000, max_inputs=4)
+    cases = list(bodies.operation_cases("post", "/x", doc["paths"]["/x"]["post"]))
+    assert [c.label for c in cases] == ["inputs: text", "inputs: text, heavy"]
+    assert all(9_000 < len(c.body) <= 10_000 for c in cases) and b'"truncate": true' in cases[1].body
+    with pytest.raises(Unfillable, match=r"POST /y"):
+        list(bodies.cases())
+
+
+def test_every_route_answers_its_largest_requests_without_holding_the_loop_or_keeping_memory(server):
+    doc = httpx.get(f"{server.url}/openapi.json").json()
+    defaults = {name: field.default for name, field in ServiceSettings.model_fields.items()}  # the server's
+    bodies = Bodies(doc, defaults["max_body_bytes"], defaults["max_inputs_per_request"], names={"model": "cls"})
+    cases = list(bodies.cases())  # Unfillable: fails naming the operation
+    assert {(c.method, c.path) for c in cases} == {(m, p) for p, ops in doc["paths"].items() for m in ops}
+    start_rss = None
+    rows, failures = [], []
+    for case in cases:
+        m = measure(server.url, server.proc.pid, case)
+        start_rss = start_rss or m.rss_before
+        rows.append(m)
+        problems = [
+            f"status {m.status}" if m.status >= 500 else "",
+            f"answered after {m.seconds:.1f} s" if m.seconds > ANSWER_S else "",
+            f"/health held {m.health_s:.2f} s" if m.health_s > HEALTH_S else "",
+            f"RSS {m.rss_before:.0f} → {m.rss_after:.0f} MB" if m.rss_after - m.rss_before > RSS_GROWTH_MB else "",
+        ]
+        if any(problems):
+            failures.append(f"{case.name}: {', '.join(p for p in problems if p)} ({m.error})")
+    print(f"\n{len(rows)} requests over {len(doc['paths'])} paths\n{table(rows)}")
+    assert not failures, "\n".join(failures)
+    assert rows[-1].rss_after - start_rss < RSS_TOTAL_GROWTH_MB, (start_rss, rows[-1].rss_after)
+    assert server.proc.poll() is None
