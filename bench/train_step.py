@@ -272,6 +272,40 @@ def gemm_floors(bf16: bool) -> dict[str, float]:
     return floors
 
 
+CONV_LENGTHS = (128, 256, 512, 1024, 2048, 4096)
+
+
+def measure_conv_forms(steps: int, lengths=CONV_LENGTHS) -> dict[int, dict[str, float]]:
+    """Seconds of forward + backward (to the input and the S4D parameters) of one SSM convolution,
+    4,096 tokens a batch (B = 4,096 / L), d = 256, by FFT and as a Toeplitz product, per length."""
+    import jax
+    import jax.numpy as jnp
+
+    from model.modeling_flax_bigs import causal_conv_fft, causal_conv_toeplitz, s4d_kernel
+
+    rng = np.random.default_rng(0)
+    modes = 64
+    params = {
+        "log_step": jnp.asarray([np.log(0.05)], jnp.float32),
+        "A_re": jnp.full((modes,), -0.5, jnp.float32),
+        "A_im": jnp.asarray(np.pi * np.arange(modes), jnp.float32),
+        "C": jnp.asarray(rng.normal(0, 0.7, (modes, 2)), jnp.float32),
+    }
+    results = {}
+    for length in lengths:
+        u = jnp.asarray(rng.standard_normal((4096 // length, length, MODEL["hidden_size"])), jnp.float32)
+        results[length] = {}
+        for name, conv in (("fft", causal_conv_fft), ("toeplitz", causal_conv_toeplitz)):
+
+            def loss(u, p, conv=conv, length=length):
+                K = s4d_kernel(p["log_step"], p["A_re"], p["A_im"], p["C"], length)
+                return jnp.sum(conv(u, K) * u)
+
+            grad = jax.jit(jax.grad(loss, argnums=(0, 1)))
+            results[length][name] = median_seconds(lambda grad=grad, u=u: jax.block_until_ready(grad(u, params)), steps)
+    return results
+
+
 # --------------------------------------------------------------------------------------------
 # --baseline: the same measurement against another commit's trainer
 # --------------------------------------------------------------------------------------------
@@ -313,7 +347,7 @@ def tokens_per_s(shape: Shape, seconds: float) -> str:
     return f"{shape.tokens / seconds:,.0f}"
 
 
-def report(machine: str, shapes, runs, baseline, rev, torch_steps, floors, bf16: bool) -> str:
+def report(machine: str, shapes, runs, baseline, rev, torch_steps, floors, bf16: bool, conv_forms) -> str:
     best_floor = {"fp32": floors["onednn fp32"], "bf16": floors.get("onednn bf16")}
     lines = [
         BEGIN,
@@ -376,6 +410,18 @@ def report(machine: str, shapes, runs, baseline, rev, torch_steps, floors, bf16:
             f"{1e3 * run['update_s']:,.1f} | {1e3 * run['input_s']:,.1f} | {1e3 * run['sync_s']:,.2f} | "
             f"{run['step_s'] / reference:.2f}× |"
         )
+    lines += [
+        "",
+        "The SSM convolution's form per length (forward + backward to the input and the S4D parameters, one "
+        "convolution, 4,096 tokens a batch, d = 256, ms; the trainer takes the Toeplitz product up to "
+        "`TRAINING_TOEPLITZ_MAX_LENGTH` = 512 tokens and the FFT beyond, model/modeling_flax_bigs.py):",
+        "",
+        "| length | FFT | Toeplitz | FFT / Toeplitz |",
+        "|---|---|---|---|",
+    ]
+    for length, forms in conv_forms.items():
+        fft, toeplitz = forms["fft"], forms["toeplitz"]
+        lines.append(f"| {length:,} | {1e3 * fft:.1f} | {1e3 * toeplitz:.1f} | {fft / toeplitz:.2f}× |")
     lines += ["", END]
     return "\n".join(lines)
 
@@ -385,6 +431,9 @@ def main(argv: list[str] | None = None) -> None:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
     parser.add_argument("--shapes", default="mlm:32x128,classify:32x512", help="TASK:BATCHxLENGTH, comma-separated")
     parser.add_argument("--steps", type=int, default=6, help="timed steps per measurement (after one warm-up)")
+    parser.add_argument(
+        "--conv-lengths", default=",".join(map(str, CONV_LENGTHS)), help="lengths of the SSM form table"
+    )
     parser.add_argument("--baseline", default=None, metavar="REV", help="also measure the trainer of this commit")
     parser.add_argument("--out", type=Path, default=None, help="write the section into this Markdown file")
     parser.add_argument("--measure-one", default=None, help=argparse.SUPPRESS)  # the --baseline subprocess
@@ -414,8 +463,10 @@ def main(argv: list[str] | None = None) -> None:
         if bf16:
             print(f"{shape.label}: torch reference …", flush=True)
             torch_steps[shape.label]["bf16 autocast"] = measure_torch(shape, autocast=True, steps=args.steps)
+    print("SSM convolution forms …", flush=True)
+    conv_forms = measure_conv_forms(args.steps, [int(n) for n in args.conv_lengths.split(",")])
     floors = gemm_floors(bf16)
-    section = report(machine, shapes, runs, baseline, args.baseline, torch_steps, floors, bf16)
+    section = report(machine, shapes, runs, baseline, args.baseline, torch_steps, floors, bf16, conv_forms)
     print(section)
     if args.out:
         write_section(args.out, section, BEGIN, END)
