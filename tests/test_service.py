@@ -557,7 +557,7 @@ def test_deadline_counts_from_arrival(start_server):
     tokenize got its full timeout on top (here: 413 after 0.8 s with a 0.1 s deadline). Now it is 504 by
     the deadline, and /health answers meanwhile."""
     s = start_server(("cls",), BIGS_REQUEST_TIMEOUT_S="0.1", BIGS_WARMUP="false")
-    body = {"inputs": ["a " * 8000] * 64, "model": "cls"}  # 512K tokens to tokenize: seconds
+    body = {"inputs": [" " * 60_000 + "a"] * 64, "model": "cls"}  # 3.8M characters to tokenize: seconds
     response, elapsed, health = timed_post(s, "/v1/embed", body)
     assert_error(response, 504, "timeout")
     assert elapsed < 0.6 and health < 0.5, (elapsed, health)

@@ -81,7 +81,7 @@ def random_text(rng: np.random.Generator, n_words: int) -> str:
 @pytest.mark.slow
 @pytest.mark.parametrize("limit", [128, 512])
 def test_texts_far_too_long_answered_as_if_tokenized_whole(request_tokenizer, limit):
-    """Texts over 16 × limit characters are counted from a prefix (`proves_too_long`), not tokenized
+    """Texts over 2 × scan_chars characters are counted from a prefix (`proves_too_long`), not tokenized
     whole: `encode` still refuses exactly the texts over the limit, and truncates to exactly the tokens
     of the whole text, alone, in a pair cut longest-first (either text the longer), and as a document;
     so do /tokenize's `tokens` (with and without special tokens) and `encode_spans` for a QA pair (the
