@@ -9,7 +9,7 @@ list of it), at the body limit, once with the defaults and once "heavy": every s
 from its default (`truncate` on, `return_text` on, …) and every bounded number at its maximum. A
 schema construct it cannot fill raises `Unfillable`, naming the operation.
 
-    python tests/largest_requests.py --exports DIR [--heads DIR]    # the table, as markdown
+    python tests/largest_requests.py --exports DIR [--heads DIR] [--models NAME=EXPORT_DIR …]   # the table
 
 DIR holds export-mlm and export-cls (tests/service_fixtures.py `build_exports`; built there when
 missing), --heads DIR a QA and a token-classification model (`head_exports`, likewise), so that
@@ -365,22 +365,26 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--exports", type=Path, required=True, help="export-mlm and export-cls (built when missing)")
     parser.add_argument("--heads", type=Path, help="export-qa and export-tokens (built when missing)")
-    parser.add_argument("--only", default="", help="measure only the paths containing this")
+    parser.add_argument("--models", nargs="*", help="NAME=EXPORT_DIR served instead (e.g. the default models)")
+    parser.add_argument("--only", default="", help="measure only these paths (comma-separated)")
     args = parser.parse_args()
-    exports = {n: args.exports / f"export-{n}" for n in ("mlm", "cls")}
-    if not all((p / "manifest.json").is_file() for p in exports.values()):
-        exports = build_exports(args.exports)
-    models = {"cls": exports["cls"], "fill": exports["mlm"]}
+    if args.models:
+        models = {name: Path(path) for name, _, path in (m.partition("=") for m in args.models)}
+    else:
+        exports = {n: args.exports / f"export-{n}" for n in ("mlm", "cls")}
+        if not all((p / "manifest.json").is_file() for p in exports.values()):
+            exports = build_exports(args.exports)
+        models = {"cls": exports["cls"], "fill": exports["mlm"]}
     if args.heads:
         models.update(head_exports(args.heads))
     server = Server(models, args.exports, "largest")
     try:
         server.wait_ready()
         doc = httpx.get(f"{server.url}/openapi.json").json()
-        bodies = Bodies(doc, max_bytes=4 * 1024 * 1024, max_inputs=64, names={"model": "cls"})
+        bodies = Bodies(doc, max_bytes=4 * 1024 * 1024, max_inputs=64, names={"model": next(iter(models))})
         rows = []
         for case in bodies.cases():
-            if args.only in case.path:
+            if not args.only or case.path in args.only.split(","):
                 rows.append(measure(server.url, server.proc.pid, case))
                 print(table(rows[-1:]).splitlines()[-1], rows[-1].error, file=sys.stderr, flush=True)
         print(table(rows))
