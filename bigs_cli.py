@@ -1,6 +1,7 @@
 """`bigs` — the command line. Thin: parse, build the config, call one function.
 
 bigs train mlm|extend|classify|qa|tokens [--config FILE] [key=value …]   train in JAX → artifact dir
+bigs train … [--max-minutes N | --until-step S] [--resume | --warm-start DIR]   a run in slices: stop, continue
 bigs serve --model NAME=EXPORT_DIR [--runtime onnx|stablehlo|torch]  serve over HTTP
 bigs serve --print-settings                                        the settings in effect, and from where
 bigs init OUT_DIR [--task mlm|classification|qa|tokens] [--hidden-size …]   a fresh (untrained) artifact dir
@@ -105,7 +106,7 @@ def cmd_train(args: argparse.Namespace) -> None:
     except ImportError:
         syntax_errors = (OSError, ValueError)
     try:
-        config = load_config(args.config, args.overrides, stage=args.stage)
+        config = load_config(args.config, [*args.overrides, *slice_overrides(args)], stage=args.stage)
     except ValidationError as error:
         unknown = any(item["type"] == "extra_forbidden" for item in error.errors())
         hint = " (`bigs train --help` lists the keys)" if unknown else ""
@@ -114,10 +115,43 @@ def cmd_train(args: argparse.Namespace) -> None:
         fail("train", f"config {args.config}: {one_line(error)}")
     if config.init_from and not (Path(config.init_from) / "config.json").is_file():
         fail("train", f"init_from {config.init_from}: not an artifact dir (no config.json)")
+    from training.slices import WEIGHTS, SliceError, check_slice_inputs
+
+    try:
+        check_slice_inputs(config)  # before any data is built
+    except SliceError as error:
+        fail("train", str(error))
 
     from training.stages import run
 
-    run(config)
+    try:
+        result = run(config)
+    except SliceError as error:  # a warm start whose weights or data position do not fit this run
+        fail("train", str(error))
+    if result.parent == Path(config.output_dir) / WEIGHTS:  # a slice that stopped before num_steps
+        print(f"to continue exactly: {continue_command(args)}")
+
+
+def slice_overrides(args: argparse.Namespace) -> list[str]:
+    """--max-minutes, --until-step, --resume, --warm-start as the config keys they set (they win)."""
+    flags = {
+        "max_minutes": args.max_minutes,
+        "until_step": args.until_step,
+        "resume": True if args.resume else None,
+        "warm_start": args.warm_start,
+    }
+    return [f"{key}={json.dumps(value)}" for key, value in flags.items() if value is not None]
+
+
+def continue_command(args: argparse.Namespace) -> str:
+    """The command line that continues a stopped slice: the same one, less its stop and start, with --resume."""
+    import shlex
+
+    slice_keys = ("max_minutes=", "until_step=", "resume=", "warm_start=")
+    kept = [o for o in args.overrides if not o.removeprefix("--").replace("-", "_").startswith(slice_keys)]
+    return shlex.join(
+        ["bigs", "train", args.stage, *(["--config", args.config] if args.config else []), *kept, "--resume"]
+    )
 
 
 def cmd_convert(args: argparse.Namespace) -> None:
@@ -415,6 +449,27 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("stage", choices=["mlm", "extend", "classify", "qa", "tokens"])
     train.add_argument("--config", default=None, help="run config file (JSON, TOML or YAML)")
     train.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="e.g. num_steps=1000 output_dir=runs/x")
+    train.add_argument(
+        "--max-minutes",
+        type=float,
+        metavar="N",
+        help="end this slice at the step boundary from which one more step and its checkpoint would pass N "
+        "minutes: checkpoint + fp16 weights dir, exit 0 (config max_minutes)",
+    )
+    train.add_argument(
+        "--until-step", type=int, metavar="S", help="end this slice after step S, the same way (config until_step)"
+    )
+    train.add_argument(
+        "--resume",
+        action="store_true",
+        help="continue from the latest checkpoint in output_dir, exactly; an error if there is none (config resume)",
+    )
+    train.add_argument(
+        "--warm-start",
+        metavar="DIR",
+        help="continue from a weights dir a checkpoint left (output_dir/weights/STEP, or a run dir): weights, "
+        "step, schedule and data position, fresh optimizer moments (config warm_start)",
+    )
     train.set_defaults(func=cmd_train)
 
     convert = sub.add_parser("convert", help="weights between published Flax checkpoints and artifact dirs")

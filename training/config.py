@@ -16,6 +16,9 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+# Keys of one slice of a run (training/slices.py), not of the run.
+SLICE_KEYS = ("max_minutes", "until_step", "resume", "warm_start")
+
 
 class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid")
@@ -114,6 +117,27 @@ class TrainConfig(_Section):
     peak_flops_per_device: float | None = Field(
         None, gt=0, description="dense peak FLOP/s of one device at the compute dtype, for MFU (default: datasheet)"
     )
+    # This slice only (training/slices.py): how it starts and when it stops. Not part of the run's
+    # settings, so the card's `config` leaves them out (each slice records its own).
+    max_minutes: float | None = Field(
+        None,
+        gt=0,
+        description="stop this slice at the first step boundary from which one more step and its checkpoint "
+        "would pass N minutes from the stage's start (checkpoint + fp16 weights dir; no artifact yet)",
+    )
+    until_step: int | None = Field(
+        None, ge=1, description="stop this slice after step S (checkpoint + fp16 weights dir; no artifact yet)"
+    )
+    resume: bool = Field(
+        False,
+        description="continue from the latest checkpoint in output_dir, exactly; an error when there is none "
+        "(a run whose output_dir has checkpoints continues from them anyway)",
+    )
+    warm_start: str | None = Field(
+        None,
+        description="continue from a weights dir a checkpoint left (output_dir/weights/STEP, or a run dir: its "
+        "latest): its weights, step, schedule and data position, fresh optimizer moments",
+    )
 
     @model_validator(mode="after")
     def stage_inputs(self) -> TrainConfig:
@@ -129,7 +153,14 @@ class TrainConfig(_Section):
             raise ValueError("data.test_truncations applies to classify on single texts (pairs are cut differently)")
         if any(not 4 <= n < self.data.seq_len for n in cuts):
             raise ValueError(f"data.test_truncations {cuts}: each must be at least 4 and below data.seq_len")
+        if self.resume and self.warm_start:
+            raise ValueError("resume (from a checkpoint) and warm_start (from a weights dir) exclude each other")
         return self
+
+    def run_settings(self) -> dict:
+        """The settings that make the run what it is: everything but the slice's own (how it starts and
+        when it stops), which the slices record. What the training card's `config` holds."""
+        return self.model_dump(exclude=set(SLICE_KEYS))
 
 
 def _parse_value(raw: str):

@@ -36,6 +36,7 @@ from .artifact import device_description, load_artifact, write_artifact
 from .config import TrainConfig
 from .metrics import classification_report, entity_f1, majority_baseline, squad_scores
 from .precision import compute_precision
+from .slices import weights_dir
 from .steps import classification_loss_sums, mlm_loss_sums
 from .trainer import Trainer, TrainTask, maybe_initialize_distributed, plot_curves
 
@@ -216,18 +217,22 @@ def _masked_lm(config: TrainConfig, started: float) -> Path:
     fresh = init_params(module, seed=config.seed)
     params = fresh if start_params is None else restrict_to(start_params, fresh)
     masking = MaskingConfig.from_tokenizer(tokenizer, mlm_probability=config.data.mask_prob)
+    stage_card = _stage_card(config, data_card)
+    if config.stage == "extend":
+        stage_card["extended_from"] = {"artifact": str(config.init_from), "max_position_embeddings": old_length}
     task = TrainTask(
         apply_fn=module.apply,
         params=params,
         loss_sums=mlm_loss_sums,
         train_batch=mlm_batch_source(train_split, config.batch_size, masking, config.seed),
         eval_batches=mlm_eval_batches(eval_split, config.batch_size, masking, config.seed, config.eval_batches),
+        write_weights=_weights_writer(model_config, "BiGSForMaskedLM", tokenizer, stage_card),
     )
-    trainer = Trainer(config, task)
+    trainer = Trainer(config, task, clock_started=started)
     held_out = trainer.fit()
-    card = _card(config, trainer, data_card, held_out, started)
-    if config.stage == "extend":
-        card["extended_from"] = {"artifact": str(config.init_from), "max_position_embeddings": old_length}
+    if trainer.stopped:
+        return _stopped(config, trainer)
+    card = _card(stage_card, trainer, held_out, started)
     return _finish(config, trainer, model_config, "BiGSForMaskedLM", card, tokenizer)
 
 
@@ -263,6 +268,7 @@ def _classify(config: TrainConfig, started: float) -> Path:
         report = classification_report(labels, predictions, num_labels)
         return {f"eval_{k}": v for k, v in report.items()}
 
+    stage_card = {**_stage_card(config, data_card), "fine_tuned_from": str(config.init_from)}
     task = TrainTask(
         apply_fn=module.apply,
         params=params,
@@ -270,9 +276,12 @@ def _classify(config: TrainConfig, started: float) -> Path:
         train_batch=labelled_batch_source(train_split, config.batch_size, config.seed),
         eval_batches=labelled_eval_batches(eval_split, config.batch_size),
         eval_metrics=eval_metrics,
+        write_weights=_weights_writer(model_config, "BiGSForSequenceClassification", tokenizer, stage_card),
     )
-    trainer = Trainer(config, task)
+    trainer = Trainer(config, task, clock_started=started)
     held_out = trainer.fit()
+    if trainer.stopped:
+        return _stopped(config, trainer)
     # The test split is scored once, at the end, next to the majority-class baseline.
     test_split = open_split(data_dir, "test")
     test_task_batches = labelled_eval_batches(test_split, config.batch_size)
@@ -285,9 +294,8 @@ def _classify(config: TrainConfig, started: float) -> Path:
     baseline = majority_baseline(
         np.asarray(train_split.arrays["labels"]), np.asarray(test_split.arrays["labels"]), num_labels
     )
-    card = _card(config, trainer, data_card, {**held_out, **test}, started)
+    card = _card(stage_card, trainer, {**held_out, **test}, started)
     card["majority_baseline_test"] = baseline
-    card["fine_tuned_from"] = str(config.init_from)
     return _finish(config, trainer, model_config, "BiGSForSequenceClassification", card, tokenizer)
 
 
@@ -335,6 +343,7 @@ def _fine_tune(
 ) -> Path:
     """A per-token head fine-tuned from `config.init_from`: its labelled batches, the classification
     loss (over every labelled position; -100 is not counted), then the artifact dir and its card."""
+    stage_card = {**_stage_card(config, data_card), "fine_tuned_from": str(config.init_from)}
     task = TrainTask(
         apply_fn=apply_fn,
         params=_fine_tuned_params(module, source_params, config.seed),
@@ -342,11 +351,13 @@ def _fine_tune(
         train_batch=labelled_batch_source(train_set, config.batch_size, config.seed),
         eval_batches=labelled_eval_batches(eval_set, config.batch_size),
         eval_metrics=eval_metrics,
+        write_weights=_weights_writer(model_config, architecture, tokenizer, stage_card),
     )
-    trainer = Trainer(config, task)
+    trainer = Trainer(config, task, clock_started=started)
     held_out_metrics = trainer.fit()
-    card = _card(config, trainer, data_card, held_out_metrics, started)
-    card["fine_tuned_from"] = str(config.init_from)
+    if trainer.stopped:
+        return _stopped(config, trainer)
+    card = _card(stage_card, trainer, held_out_metrics, started)
     return _finish(config, trainer, model_config, architecture, card, tokenizer)
 
 
@@ -419,21 +430,55 @@ def _token_classification(config: TrainConfig, started: float) -> Path:
     )  # fmt: skip
 
 
-def _card(config: TrainConfig, trainer: Trainer, data_card: dict, held_out: dict, started: float) -> dict:
+def _stage_card(config: TrainConfig, data_card: dict) -> dict:
+    """What the stage knows before training: the run's settings, its data, the machine and precision."""
     return {
         "stage": config.stage,
-        "config": config.model_dump(),
+        "config": config.run_settings(),
         "data": data_card,
-        "steps": config.num_steps,
+        "device": device_description(),
+        "compute_precision": compute_precision(config.dtype).describe(),
+    }
+
+
+def _card(stage_card: dict, trainer: Trainer, held_out: dict, started: float) -> dict:
+    """The final artifact's card. Tokens and training time are the run's, over all its slices; the
+    throughput is the last slice's (each slice records its own tokens/s)."""
+    return {
+        **stage_card,
+        "steps": trainer.config.num_steps,
         "tokens_seen": trainer.tokens_seen,
         "tokens_per_s": trainer.tokens_seen / max(trainer.wall_time_s, 1e-9),
         "train_wall_time_s": trainer.wall_time_s,
         "wall_time_s": time.time() - started,
         "held_out": held_out,
-        "device": device_description(),
-        "compute_precision": compute_precision(config.dtype).describe(),
         "throughput": trainer.throughput.summary() if trainer.throughput else None,
+        "slices": trainer.slices.read(),
     }
+
+
+def _weights_writer(model_config, architecture: str, tokenizer, stage_card: dict):
+    """What every checkpoint leaves beside it (training/slices.py): the weights as an artifact dir in
+    fp16 (the shipped format), its card the stage's plus the trainer's (step, data position, slices).
+    Weights beyond fp16's range are stored in fp32 rather than failing the run, and the card says so."""
+
+    def write(out_dir: Path, params, trainer_card: dict) -> Path:
+        card = {**stage_card, **trainer_card}
+        try:
+            return write_artifact(out_dir, model_config, params, architecture, card, tokenizer, "float16")
+        except ValueError as error:  # a weight past fp16's range
+            card["weights_storage"] = f"float32: {error}"
+            return write_artifact(out_dir, model_config, params, architecture, card, tokenizer, "float32")
+
+    return write
+
+
+def _stopped(config: TrainConfig, trainer: Trainer) -> Path:
+    """A slice that stopped before num_steps: its checkpoint and weights dir are the result (no
+    artifact dir, no final evaluation; trainer.fit printed where it stopped and how to go on)."""
+    if trainer.metrics_path.is_file():
+        plot_curves(trainer.metrics_path, Path(config.output_dir) / "curves.png")
+    return weights_dir(config.output_dir, trainer.step)
 
 
 def _finish(config: TrainConfig, trainer: Trainer, model_config, architecture: str, card: dict, tokenizer) -> Path:

@@ -8,6 +8,11 @@ joined with `jax.distributed.initialize()` when the environment asks for it
 Exact resume: the batch for step s is a pure function of (seed, s) (see training/data), and the
 dropout key is folded from (seed, step), so a run restored from the checkpoint at step s continues
 with exactly the losses the uninterrupted run had.
+
+Slices (training/slices.py): a process trains one slice of the run, which ends at num_steps, at
+`until_step`, by `max_minutes` or on SIGTERM / SIGINT, always at a step boundary and with a
+checkpoint; every checkpoint also leaves an fp16 weights dir (`TrainTask.write_weights`) from which
+a run can go on without the optimizer state (`warm_start`).
 """
 
 from __future__ import annotations
@@ -29,7 +34,22 @@ from jax.sharding import PartitionSpec as P
 from .config import TrainConfig
 from .feed import feed
 from .precision import compute_precision
-from .steps import TrainState, make_eval_step, make_optimizer, make_train_step
+from .slices import (
+    SliceError,
+    SliceLog,
+    StopRules,
+    batch_fingerprint,
+    check_slice_inputs,
+    checkpoint_steps,
+    read_snapshot,
+    run_totals,
+    schedule_count,
+    set_schedule_count,
+    stop_signals,
+    weights_dir,
+    write_weights_dir,
+)
+from .steps import TrainState, learning_rate_schedule, make_eval_step, make_optimizer, make_train_step
 from .throughput import Throughput, lowered_flops, peak_for_run
 
 BatchSource = Callable[[int], dict[str, np.ndarray]]  # step → global batch
@@ -57,10 +77,16 @@ class TrainTask:
     eval_batches: Callable[[], Iterable[dict[str, np.ndarray]]]
     eval_metrics: Callable[[list[dict]], dict] | None = None  # extra metrics from eval predictions
     tokens_per_batch: Callable[[dict], int] = field(default=lambda b: int(np.sum(b["attention_mask"])))
+    # (dir, host params, card) → an artifact dir of these weights in fp16 with this card (the trainer
+    # adds the step, data position and slices to it); called at every checkpoint. None: no weights dirs.
+    write_weights: Callable[[Path, dict, dict], object] | None = None
 
 
 class Trainer:
-    def __init__(self, config: TrainConfig, task: TrainTask, mesh: Mesh | None = None):
+    def __init__(
+        self, config: TrainConfig, task: TrainTask, mesh: Mesh | None = None, clock_started: float | None = None
+    ):
+        """`clock_started`: the `time.time()` from which `max_minutes` counts (default: now)."""
         self.config = config
         self.task = task
         self.mesh = mesh or data_parallel_mesh()
@@ -88,6 +114,17 @@ class Trainer:
             (self.out / "checkpoints").absolute(),
             options=ocp.CheckpointManagerOptions(max_to_keep=config.keep_checkpoints, create=True),
         )
+        self.clock_started = time.time() if clock_started is None else clock_started
+        self.writer = jax.process_index() == 0  # one process writes the run dir's files
+        self.slices = SliceLog(self.out, writer=self.writer)
+        self.started_from = "scratch"  # or "checkpoint", "warm_start" (set by restore_or_init)
+        self.stopped: str | None = None  # why the slice ended before num_steps (None: it reached it)
+        self.step = 0  # the step the slice reached
+        self.last_eval: dict = {}
+        self.last_eval_step: int | None = None
+        self._began = time.perf_counter()
+        self._slice_tokens = 0
+        self._checkpointed_tokens = 0
 
     # -- state ----------------------------------------------------------------------------
 
@@ -98,14 +135,57 @@ class Trainer:
         return TrainState(step=jax.device_put(jnp.int32(0), self.replicated), params=params, opt_state=opt_state)
 
     def restore_or_init(self) -> TrainState:
+        """The latest checkpoint in output_dir (exact resume), else the `warm_start` weights dir, else
+        the task's params at step 0; `self.started_from` says which."""
+        check_slice_inputs(self.config)
         state = self.initial_state()
         latest = self.checkpoints.latest_step()
+        if latest is None and self.config.resume:
+            raise SliceError(f"--resume: no checkpoint in {self.out / 'checkpoints'} to continue from")
         if latest is None:
+            if self.config.warm_start:
+                return self.warm_start_state()
+            self.started_from = "scratch"
             return state
         abstract = jax.tree_util.tree_map(ocp.utils.to_shape_dtype_struct, state)
         restored = self.checkpoints.restore(latest, args=ocp.args.StandardRestore(abstract))
         print(f"resumed from step {latest}")
+        self.started_from = "checkpoint"
         return restored
+
+    def warm_start_state(self) -> TrainState:
+        """The run where a weights dir left it: its params, its step (so the schedule, the dropout keys
+        and the data order go on from there), fresh Adam moments. The next step's batch must be the
+        one the dir recorded, or the data is not the run's (other data, seed or batch size)."""
+        from .artifact import load_artifact
+
+        source, card, snapshot = read_snapshot(self.config.warm_start)
+        step = int(snapshot["step"])
+        expected = snapshot.get("next_batch_sha256")
+        if expected and batch_fingerprint(self.task.train_batch(step)) != expected:
+            raise SliceError(
+                f"--warm-start {source}: the batch of step {step} here is not the one that run recorded "
+                f"(its seed {snapshot.get('seed')}, batch size {snapshot.get('batch_size')}, data "
+                f"{(card.get('data') or {}).get('splits')}): not the same data position"
+            )
+        _, loaded = load_artifact(source)
+        template = jax.tree_util.tree_map(np.asarray, self.task.params)
+        try:
+            params = _fit_to(loaded, template)
+        except (KeyError, ValueError) as error:
+            raise SliceError(f"--warm-start {source}: its weights do not fit this run's model ({error})") from None
+        params = jax.device_put(params, self.replicated)
+        opt_state = jax.jit(self.optimizer.init, out_shardings=self.replicated)(params)
+        opt_state = jax.device_put(set_schedule_count(opt_state, step), self.replicated)
+        self.slices.reset([{**s, "run_dir": str(source.parent.parent)} for s in card.get("slices", [])])
+        print(f"warm start from {source}: step {step}, fresh optimizer moments")
+        self.started_from = "warm_start"
+        return TrainState(step=jax.device_put(jnp.int32(step), self.replicated), params=params, opt_state=opt_state)
+
+    def learning_rate(self, state: TrainState) -> float:
+        """The learning rate the next update applies (the schedule at the optimizer's count)."""
+        count = schedule_count(state.opt_state)
+        return float(learning_rate_schedule(self.config.optim, self.config.num_steps)(count))
 
     # -- batches --------------------------------------------------------------------------
 
@@ -158,30 +238,79 @@ class Trainer:
             f.write(json.dumps(record) + "\n")
 
     def fit(self) -> dict:
+        """Train this slice: from the latest checkpoint, a warm start or step 0, until num_steps or a
+        stop (training/slices.py). Returns the held-out metrics at num_steps, or the latest ones
+        evaluated when the slice stopped before it (`self.stopped` says why; no full evaluation)."""
+        config = self.config
+        began = self._began = time.perf_counter()
         state = self.restore_or_init()
         start = int(jax.device_get(state.step))
-        if start == 0 and self.metrics_path.exists():
-            self.metrics_path.unlink()
-        if start == 0:  # the curve starts where the model starts
-            self.log({"step": 0, **self.evaluate(state.params)})
-        started = time.perf_counter()
+        if self.started_from == "scratch":
+            if self.writer:
+                self.metrics_path.unlink(missing_ok=True)
+            self.slices.reset()
+        elif self.started_from == "checkpoint":
+            self.slices.recover()
+        rules = StopRules(config.num_steps, config.until_step, config.max_minutes, self.clock_started)
+        self.slices.begin(
+            start_step=start,
+            started_from=self.started_from,
+            **({"warm_start": str(config.warm_start)} if self.started_from == "warm_start" else {}),
+            **{k: getattr(config, k) for k in ("max_minutes", "until_step") if getattr(config, k) is not None},
+        )
+        self.step, self._slice_tokens, self._checkpointed_tokens = start, 0, 0
+        ended = None
         try:
-            state, last_eval, tokens_seen = self._loop(state, start, started)
-        finally:  # a checkpoint being written when the run stops is finished, not lost
+            with stop_signals(rules):
+                if start == 0 and self.started_from == "scratch":  # the curve starts where the model starts
+                    self.log({"step": 0, **self.evaluate(state.params)})
+                ended = rules.before_first_step(start)
+                if ended is None:
+                    state, ended = self._loop(state, start, began, rules)
+        except BaseException as error:  # the slice's record says how it ended, and what it kept
             self.checkpoints.wait_until_finished()
+            self._end_slice(f"error: {type(error).__name__}", began, error=True)
+            raise
+        self.checkpoints.wait_until_finished()  # a checkpoint being written is finished, not lost
         self.state = state
-        self.wall_time_s = time.perf_counter() - started
-        self.tokens_seen = tokens_seen
-        if not last_eval:
-            last_eval = self.evaluate(state.params)
-        return last_eval
+        self.stopped = None if ended == "num_steps" else ended
+        self._end_slice(ended, began)
+        totals = run_totals(self.slices.read())
+        self.tokens_seen, self.wall_time_s = totals["tokens_seen"], totals["train_wall_time_s"]
+        if self.stopped:
+            print(self.stop_message(), flush=True)
+            return self.last_eval
+        if not self.last_eval:
+            self.last_eval = self.evaluate(state.params)
+        return self.last_eval
 
-    def _loop(self, state: TrainState, start: int, started: float):
+    def _end_slice(self, ended: str | None, began: float, error: bool = False) -> None:
+        wall = time.perf_counter() - began
+        fields = {"end_step": self.step, "ended": ended, "tokens": self._slice_tokens, "wall_time_s": wall}
+        fields["tokens_per_s"] = self._slice_tokens / max(wall, 1e-9)
+        if self.throughput is not None and self.throughput.windows:
+            fields["tokens_per_s_steady"] = self.throughput.summary().get("tokens_per_s_steady")
+        if error:  # what the next slice keeps is up to the last checkpoint
+            fields["tokens_checkpointed"] = self._checkpointed_tokens
+        self.slices.end(**fields)
+
+    def stop_message(self) -> str:
+        if self.step not in checkpoint_steps(self.out):
+            return f"stopped at step {self.step} of {self.config.num_steps} ({self.stopped}) before training a step"
+        where = f"checkpoint {self.out / 'checkpoints' / str(self.step)}"
+        if self.task.write_weights is not None:
+            where += f", fp16 weights {weights_dir(self.out, self.step)}"
+        return (
+            f"stopped at step {self.step} of {self.config.num_steps} ({self.stopped}): {where}. Continue "
+            f"exactly with the same command and --resume (without --until-step / --max-minutes, or with "
+            f"later ones), or from the weights alone with --warm-start {weights_dir(self.out, self.step)}"
+        )
+
+    def _loop(self, state: TrainState, start: int, began: float, rules: StopRules):
         config = self.config
         progress = _progress(range(start, config.num_steps), config.progress)
-        tokens_seen = 0
-        last_eval: dict = {}
         window: list[dict] = []
+        ended = None
         batches = feed(
             range(start, config.num_steps), self.task.train_batch, self.shard_train_batch, config.prefetch_batches
         )
@@ -189,35 +318,96 @@ class Trainer:
             if self.throughput is None:
                 self.throughput = self.throughput_meter(state, device_batch)
             tokens = self.task.tokens_per_batch(host_batch)
-            tokens_seen += tokens
+            self._slice_tokens += tokens
             state, metrics = self._train_step(state, device_batch, self._rng)
             self.throughput.add_step(tokens, waited)
             window.append(metrics)
-            done = step + 1
+            done = self.step = step + 1
             if hasattr(progress, "update"):
                 progress.update(1)
             if done % config.log_every == 0 or done == config.num_steps:
-                means = {k: float(np.mean([jax.device_get(m[k]) for m in window])) for k in window[0]}
+                self._log_window(window, done, began, progress)
                 window = []
-                elapsed = time.perf_counter() - started
-                record = {"step": done, **means, "tokens_per_s_run": tokens_seen / max(elapsed, 1e-9)}
-                record.update(self.throughput.close_window())
-                self.log(record)
-                if hasattr(progress, "set_postfix"):
-                    progress.set_postfix(loss=f"{means['loss']:.3f}")
             if done % config.eval_every == 0 or done == config.num_steps:
                 with self.throughput.pause(state):
-                    last_eval = self.evaluate(state.params)
-                self.log({"step": done, **last_eval})
-            if done % config.checkpoint_every == 0 or done == config.num_steps:
+                    self.last_eval, self.last_eval_step = self.evaluate(state.params), done
+                self.log({"step": done, **self.last_eval})
+            ended = rules.after_step(done, time.time())
+            if ended and window:  # a stop between log steps: the steps since the last record
+                self._log_window(window, done, began, progress)
+                window = []
+            if ended or done % config.checkpoint_every == 0:
+                took = time.perf_counter()
                 with self.throughput.pause(state):
-                    self.checkpoints.save(done, args=ocp.args.StandardSave(state))
+                    self.save(done, state, ended)
+                rules.checkpoint_s = time.perf_counter() - took
+            if ended:
+                break
         if hasattr(progress, "close"):
             progress.close()
-        return state, last_eval, tokens_seen
+        return state, ended or "num_steps"
+
+    def _log_window(self, window: list[dict], done: int, began: float, progress) -> None:
+        means = {k: float(np.mean([jax.device_get(m[k]) for m in window])) for k in window[0]}
+        elapsed = time.perf_counter() - began
+        record = {"step": done, **means, "tokens_per_s_run": self._slice_tokens / max(elapsed, 1e-9)}
+        record.update(self.throughput.close_window())
+        self.log(record)
+        if hasattr(progress, "set_postfix"):
+            progress.set_postfix(loss=f"{means['loss']:.3f}")
+
+    def save(self, step: int, state: TrainState, ended: str | None = None) -> None:
+        """The checkpoint at `step` (orbax: params and optimizer state), then its fp16 weights dir."""
+        self.checkpoints.save(step, args=ocp.args.StandardSave(state))
+        self._checkpointed_tokens = self._slice_tokens
+        wall = time.perf_counter() - self._began
+        self.slices.update(end_step=step, tokens=self._slice_tokens, wall_time_s=wall, ended=ended)
+        if self.task.write_weights is None or not self.writer:
+            return
+        params = jax.device_get(state.params)
+        card = self.snapshot_card(step)
+        write_weights_dir(
+            self.out, step, lambda path: self.task.write_weights(path, params, card), self.config.keep_checkpoints
+        )
+
+    def snapshot_card(self, step: int) -> dict:
+        """What the trainer adds to a weights dir's card: where the run is, and how it got there."""
+        config = self.config
+        slices = self.slices.all()
+        totals = run_totals(slices)
+        return {
+            "steps": step,
+            "tokens_seen": totals["tokens_seen"],
+            "train_wall_time_s": totals["train_wall_time_s"],
+            "snapshot": {
+                "step": step,
+                "num_steps": config.num_steps,
+                "seed": config.seed,
+                "batch_size": config.batch_size,
+                "grad_accum_steps": config.grad_accum_steps,
+                "next_batch_sha256": (
+                    batch_fingerprint(self.task.train_batch(step)) if step < config.num_steps else None
+                ),
+                "checkpoint": str(self.out / "checkpoints" / str(step)),
+                "optimizer_state": "in the checkpoint only: a warm start from this dir starts fresh moments",
+            },
+            "last_eval": {"step": self.last_eval_step, **self.last_eval} if self.last_eval else None,
+            "slices": slices,
+            "throughput": self.throughput.summary() if self.throughput else None,
+        }
 
     def final_params(self):
         return jax.device_get(self.state.params)
+
+
+def _fit_to(loaded: dict, template: dict) -> dict:
+    """`loaded` restricted to the branches of `template`, each leaf of its shape and dtype."""
+    if isinstance(template, dict):
+        return {k: _fit_to(loaded[k], v) for k, v in template.items()}
+    value = np.asarray(loaded, dtype=np.asarray(template).dtype)
+    if value.shape != np.shape(template):
+        raise ValueError(f"shape {value.shape}, the model's is {np.shape(template)}")
+    return value
 
 
 def _progress(steps: range, enabled: bool):
