@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import shutil
 
+import jax
 import numpy as np
 import pytest
 import torch
@@ -101,3 +102,88 @@ def test_a_dir_with_another_vocabulary_is_refused_by_name(tmp_path):
 def test_a_hub_id_is_not_a_teacher():
     with pytest.raises(ValueError, match="local model dir"):
         Teacher.from_dir("sentence-transformers/all-MiniLM-L6-v2")
+
+
+# --------------------------------------------------------------------------------------------
+# init_from_teacher
+# --------------------------------------------------------------------------------------------
+
+
+def student(hidden: int, **overrides):
+    import jax.numpy as jnp
+
+    from model.configuration_bigs import BiGSConfig
+    from model.modeling_flax_bigs import FlaxBiGSForMaskedLMModule, init_params
+
+    config = BiGSConfig(hidden_size=hidden, num_hidden_layers=1, intermediate_size=2 * hidden, num_ssm=8,
+                        max_position_embeddings=640, **overrides)  # fmt: skip
+    module = FlaxBiGSForMaskedLMModule(config)
+    return config, module, init_params(module, seed=3), jnp
+
+
+@pytest.fixture(scope="module")
+def teacher():
+    return Teacher.from_dir(default_teacher_dir())
+
+
+SPOT_TOKENS = ["[CLS]", "[SEP]", "the", "guitar", "##ing", "paris"]
+
+
+def test_narrower_student_gets_the_pca_projection_of_the_teachers_embeddings(teacher):
+    from training.teacher import init_from_teacher
+
+    config, module, fresh, jnp = student(256)
+    params, report = init_from_teacher(fresh, teacher, config)
+    words_t = teacher.state["embeddings.word_embeddings.weight"].astype(np.float64)
+    words_s = np.asarray(params["s4_bert"]["embeddings"]["word_embeddings"]["embedding"], dtype=np.float64)
+    assert words_s.shape == (30522, 256) and report["pca"]["projection_shape"] == [384, 256]
+    # PCA computed here, independently (SVD of the centred matrix); axes compared up to sign
+    mean = words_t.mean(axis=0)
+    _, singular, vt = np.linalg.svd(words_t - mean, full_matrices=False)
+    axes = vt[:256].T  # (384, 256)
+    vocab = bert_uncased_tokenizer().get_vocab()
+    rows = [vocab[t] for t in SPOT_TOKENS]
+    expected = (words_t[rows] - mean) @ axes
+    signs = np.sign((expected * words_s[rows]).sum(axis=0))
+    assert np.abs(words_s[rows] - expected * signs).max() <= 1e-4 * np.abs(expected).max()
+    # it keeps the fraction it reports, which is the top-256 share of the variance, more than another map's
+    fraction = report["pca"]["explained_variance_fraction"]
+    kept = words_s.var(axis=0).sum() / words_t.var(axis=0).sum()
+    assert abs(kept - fraction) <= 1e-5 and abs(fraction - (singular[:256] ** 2).sum() / (singular**2).sum()) <= 1e-6
+    random_axes, _ = np.linalg.qr(np.random.default_rng(0).normal(size=(384, 256)))
+    assert ((words_t - mean) @ random_axes).var(axis=0).sum() / words_t.var(axis=0).sum() < fraction - 0.05
+    # token types and the first 512 positions through the same axes (no centring); the rest keep their init
+    emb, fresh_emb = params["s4_bert"]["embeddings"], fresh["s4_bert"]["embeddings"]
+    types = teacher.state["embeddings.token_type_embeddings.weight"] @ axes * signs
+    assert np.abs(emb["token_type_embeddings"]["embedding"] - types).max() <= 1e-4
+    positions = teacher.state["embeddings.position_embeddings.weight"] @ axes * signs
+    assert np.abs(emb["position_embeddings"]["embedding"][:512] - positions).max() <= 1e-4
+    assert np.array_equal(
+        emb["position_embeddings"]["embedding"][512:], fresh_emb["position_embeddings"]["embedding"][512:]
+    )
+    # across widths the LayerNorm and everything past the embeddings keep their init
+    assert np.array_equal(emb["LayerNorm"]["scale"], fresh_emb["LayerNorm"]["scale"])
+    assert report["embeddings_layernorm"].startswith("init")
+    encoder = [jax.tree_util.tree_leaves(p["s4_bert"]["encoder"]) for p in (params, fresh)]
+    assert all(np.array_equal(a, b) for a, b in zip(*encoder, strict=True))
+    assert report["mlm_decoder"] == "tied to the word embeddings" and "decoder" not in params["cls"]["predictions"]
+    # the student runs on it
+    ids = jnp.asarray(batch()[0][:, :16])
+    assert np.isfinite(np.asarray(module.apply({"params": params}, ids))).all()
+
+
+def test_same_width_student_copies_and_an_untied_decoder_is_set(teacher):
+    from training.teacher import init_from_teacher
+
+    config, _, fresh, _ = student(384, tie_word_embeddings=False)
+    params, report = init_from_teacher(fresh, teacher, config)
+    emb, t = params["s4_bert"]["embeddings"], teacher.state
+    assert np.array_equal(emb["word_embeddings"]["embedding"], t["embeddings.word_embeddings.weight"])
+    assert np.array_equal(emb["LayerNorm"]["scale"], t["embeddings.LayerNorm.weight"])
+    assert np.array_equal(emb["LayerNorm"]["bias"], t["embeddings.LayerNorm.bias"])
+    assert report["word_embeddings"] == "copied" and report["pca"]["explained_variance_fraction"] == 1.0
+    assert np.array_equal(params["cls"]["predictions"]["decoder"]["kernel"], t["embeddings.word_embeddings.weight"].T)
+    # the caller's tree is left as it was
+    assert not np.array_equal(
+        fresh["s4_bert"]["embeddings"]["word_embeddings"]["embedding"], emb["word_embeddings"]["embedding"]
+    )

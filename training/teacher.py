@@ -276,3 +276,112 @@ class Teacher:
             return hidden, pool_sentence(jnp.asarray(hidden[-1]), jnp.asarray(mask), self.pooling)
 
         return forward
+
+
+# ---- initialisation of a student from the teacher -----------------------------------------------
+
+
+def fit_pca(matrix: np.ndarray, width: int) -> tuple[np.ndarray, np.ndarray, float]:
+    """The `width` principal axes of `matrix`'s rows: (mean (d,), projection (d, width) with orthonormal
+    columns, largest variance first; the fraction of the total variance the projection keeps)."""
+    matrix = np.asarray(matrix, dtype=np.float64)
+    if not 0 < width <= matrix.shape[1]:
+        raise ValueError(f"a PCA to width {width} needs 0 < width <= {matrix.shape[1]}")
+    mean = matrix.mean(axis=0)
+    centered = matrix - mean
+    eigenvalues, eigenvectors = np.linalg.eigh(centered.T @ centered / len(matrix))  # ascending
+    order = np.argsort(eigenvalues)[::-1]
+    eigenvalues, eigenvectors = eigenvalues[order], eigenvectors[:, order]
+    # sign convention: each axis's largest-magnitude component positive (deterministic across LAPACKs)
+    signs = np.sign(eigenvectors[np.abs(eigenvectors).argmax(axis=0), np.arange(eigenvectors.shape[1])])
+    eigenvectors = eigenvectors * signs
+    fraction = float(eigenvalues[:width].sum() / eigenvalues.sum())
+    return mean, eigenvectors[:, :width], fraction
+
+
+def init_from_teacher(student_params, teacher: Teacher, student_config=None) -> tuple[dict, dict]:
+    """Student params (a Flax BiGS tree: a head's tree with `s4_bert/…` or the backbone's own) with
+    the embeddings taken from the teacher's → (new params, a report for the training card).
+
+    What maps (the vocabularies are the same, checked when the teacher was read):
+      * `word_embeddings`: every row. Same width: copied. Narrower student (384 → 256): the rows
+        projected on the teacher word-embedding matrix's top principal axes, (e − μ) P, P (d_t, d_s)
+        orthonormal, which keeps the most variance any linear map to d_s can (fraction reported).
+      * `token_type_embeddings` (the types both have) and `position_embeddings` (the first
+        min(L_student, L_teacher) positions; further ones keep their init): through the same map
+        without the centring, e P, so each token's summed embedding is the teacher's sum projected,
+        (w + p + t − μ) P.
+      * the embedding `LayerNorm` (scale, bias): copied where widths match; across widths there is no
+        equivalent (the statistics are over other axes), so it keeps its init (1, 0).
+    Nothing else maps: the encoder layers (gated SSM blocks; the teacher's are attention blocks) and
+    the MLM head's transform keep their init (the teacher has no MLM head). The MLM decoder is the
+    word embedding itself when `tie_word_embeddings` (the default, as BERT); an untied decoder's
+    kernel is set to the new word embeddings transposed, so training starts tied either way.
+    """
+    import jax
+
+    params = jax.tree_util.tree_map(np.array, student_params)  # a copy; the caller's tree is untouched
+    prefix = ("s4_bert",) if "s4_bert" in params else ()
+    node = params
+    for key in prefix:
+        node = node[key]
+    emb = node["embeddings"]
+    t = teacher.state
+    teacher_words = np.asarray(t["embeddings.word_embeddings.weight"], dtype=np.float64)
+    d_t, d_s = teacher_words.shape[1], emb["word_embeddings"]["embedding"].shape[1]
+    if emb["word_embeddings"]["embedding"].shape[0] != teacher_words.shape[0]:
+        raise ValueError(
+            f"student vocabulary {emb['word_embeddings']['embedding'].shape[0]} != teacher's {teacher_words.shape[0]}"
+        )
+    if d_s > d_t:
+        raise ValueError(f"the student ({d_s}) is wider than the teacher ({d_t}); only d_s <= d_t maps")
+    report: dict = {"teacher": str(teacher.path), "teacher_hidden_size": d_t, "student_hidden_size": d_s}
+    if d_s == d_t:
+        mean, projection, fraction = np.zeros(d_t), np.eye(d_t), 1.0
+        report["word_embeddings"] = "copied"
+    else:
+        mean, projection, fraction = fit_pca(teacher_words, d_s)
+        report["word_embeddings"] = "pca"
+    report["pca"] = {
+        "fitted_on": "teacher word_embeddings (all rows)",
+        "projection_shape": list(projection.shape),
+        "explained_variance_fraction": fraction,
+    }
+
+    def put(target: dict, key: str, value: np.ndarray, rows: int | None = None):
+        old = target[key]
+        new = np.array(old)
+        if rows is None:
+            new[...] = value.astype(old.dtype)
+        else:
+            new[:rows] = value[:rows].astype(old.dtype)
+        target[key] = new
+
+    put(emb["word_embeddings"], "embedding", (teacher_words - mean) @ projection)
+    types = min(
+        emb["token_type_embeddings"]["embedding"].shape[0], t["embeddings.token_type_embeddings.weight"].shape[0]
+    )
+    put(emb["token_type_embeddings"], "embedding", t["embeddings.token_type_embeddings.weight"] @ projection, types)
+    positions = min(
+        emb["position_embeddings"]["embedding"].shape[0], t["embeddings.position_embeddings.weight"].shape[0]
+    )
+    put(emb["position_embeddings"], "embedding", t["embeddings.position_embeddings.weight"] @ projection, positions)
+    report["token_type_embeddings"] = f"first {types} rows, projected"
+    report["position_embeddings"] = (
+        f"first {positions} of {emb['position_embeddings']['embedding'].shape[0]} rows, projected"
+    )
+    if d_s == d_t:
+        put(emb["LayerNorm"], "scale", t["embeddings.LayerNorm.weight"])
+        put(emb["LayerNorm"], "bias", t["embeddings.LayerNorm.bias"])
+        report["embeddings_layernorm"] = "copied"
+    else:
+        report["embeddings_layernorm"] = "init (widths differ)"
+    decoder = params.get("cls", {}).get("predictions", {}).get("decoder")
+    tied = student_config.tie_word_embeddings if student_config is not None else decoder is None
+    if decoder is not None:
+        put(decoder, "kernel", emb["word_embeddings"]["embedding"].T)
+        report["mlm_decoder"] = "untied, set to the word embeddings (transposed)"
+    elif "cls" in params:
+        report["mlm_decoder"] = "tied to the word embeddings" if tied else "none"
+    report["not_mapped"] = ["encoder layers", "MLM head transform and bias", "pooler"]
+    return params, report
