@@ -1,0 +1,107 @@
+"""Distillation losses from a teacher (training/teacher.py) into BiGS, as pure JAX functions.
+
+The teacher reads the UNMASKED text while the student reads the masked one (data2vec / BEiT v2
+style): at a masked position the target is the teacher's state for the token that was hidden, so
+the student learns to predict contextual representations as well as the token (the MLM loss).
+Both losses below count every real token (attention mask 1), masked positions included, and no
+padding.
+
+(a) `hidden_state_loss`: chosen student layers ↔ teacher layers (`layer_pairs`, uniform by default:
+    student layer i ↔ teacher layer round(i · N_t / N_s), embeddings ↔ embeddings excluded), each
+    student state through its own learned linear projection d_s → d_t (`init_projection`), then the
+    mean squared error per element over real tokens ("mse"), or 1 − cosine per token ("cosine"),
+    averaged over the pairs.
+(b) `sentence_embedding_loss`: the student's last hidden states mean-pooled over real tokens, through
+    a learned projection to the teacher's width, L2-normalised, against the teacher's sentence
+    embedding (normalised too): 1 − cosine, averaged over the batch.
+
+1 − cos(a, b) is computed as ½‖â − b̂‖² (equal for unit vectors), so it is exactly 0 when the two
+normalised vectors are equal and never negative by rounding.
+
+Projections are `{"kernel": (d_s, d_t), "bias": (d_t,)}` pytrees: they train with the student (put
+them in the optimiser's tree) and are dropped when the student is exported.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import jax
+import jax.numpy as jnp
+
+
+def layer_pairs(num_student_layers: int, num_teacher_layers: int) -> list[tuple[int, int]]:
+    """Uniform map (TinyBERT's): student layer i (1..N_s) ↔ teacher layer round(i·N_t/N_s); indices are
+    into hidden-state tuples whose entry 0 is the embeddings' output, so the last maps to the last."""
+    if num_student_layers < 1 or num_teacher_layers < 1:
+        raise ValueError("both models need at least one layer")
+    return [(i, round(i * num_teacher_layers / num_student_layers)) for i in range(1, num_student_layers + 1)]
+
+
+def init_projection(key, student_width: int, teacher_width: int, kernel=None) -> dict:
+    """A learned d_s → d_t linear map: `kernel` if given (e.g. the transpose of init_from_teacher's PCA
+    axes, which inverts the embedding projection), else normal with σ = 1/√d_s; bias 0."""
+    if kernel is None:
+        kernel = jax.random.normal(key, (student_width, teacher_width)) / jnp.sqrt(student_width)
+    kernel = jnp.asarray(kernel, dtype=jnp.float32)
+    if kernel.shape != (student_width, teacher_width):
+        raise ValueError(f"projection kernel {kernel.shape} != ({student_width}, {teacher_width})")
+    return {"kernel": kernel, "bias": jnp.zeros((teacher_width,), jnp.float32)}
+
+
+def project(projection: dict, x):
+    return x @ projection["kernel"] + projection["bias"]
+
+
+def _normalize(x, eps: float = 1e-12):
+    return x / jnp.maximum(jnp.linalg.norm(x, axis=-1, keepdims=True), eps)
+
+
+def one_minus_cosine(a, b):
+    """1 − cos(a, b) over the last axis, as ½‖â − b̂‖²: exactly 0 when â = b̂, in [0, 2]."""
+    return 0.5 * jnp.sum(jnp.square(_normalize(a) - _normalize(b)), axis=-1)
+
+
+def hidden_state_loss(
+    student_hidden: Sequence,
+    teacher_hidden: Sequence,
+    projections: Sequence[dict],
+    real_tokens,
+    pairs: Sequence[tuple[int, int]],
+    kind: str = "mse",
+):
+    """Mean over `pairs` (student index, teacher index) of the per-token distance between
+    project(student_hidden[s]) (B, L, d_t) and teacher_hidden[t] (B, L, d_t), averaged over the real
+    tokens (`real_tokens` (B, L), the attention mask: masked positions count, padding does not).
+    `projections[k]` belongs to pairs[k]. kind "mse": mean over the d_t elements of the squared
+    difference; "cosine": 1 − cosine per token."""
+    if len(projections) != len(pairs):
+        raise ValueError(f"{len(pairs)} layer pairs but {len(projections)} projections")
+    if kind not in ("mse", "cosine"):
+        raise ValueError(f"kind must be 'mse' or 'cosine', got {kind!r}")
+    weights = real_tokens.astype(jnp.float32)
+    count = jnp.maximum(weights.sum(), 1.0)
+    total = 0.0
+    for projection, (s, t) in zip(projections, pairs, strict=True):
+        predicted = project(projection, student_hidden[s].astype(jnp.float32))
+        target = jax.lax.stop_gradient(teacher_hidden[t].astype(jnp.float32))
+        if kind == "mse":
+            per_token = jnp.mean(jnp.square(predicted - target), axis=-1)
+        else:
+            per_token = one_minus_cosine(predicted, target)
+        total = total + jnp.sum(per_token * weights) / count
+    return total / len(pairs)
+
+
+def pooled_student_embedding(student_last_hidden, real_tokens, projection: dict):
+    """Mean over real tokens (B, L, d_s) → (B, d_s), projected to d_t and L2-normalised."""
+    weights = real_tokens.astype(jnp.float32)[..., None]
+    pooled = (student_last_hidden.astype(jnp.float32) * weights).sum(axis=1) / jnp.maximum(weights.sum(axis=1), 1e-9)
+    return _normalize(project(projection, pooled))
+
+
+def sentence_embedding_loss(student_last_hidden, real_tokens, projection: dict, teacher_embedding):
+    """1 − cos(student's pooled, projected, normalised embedding, teacher's sentence embedding), mean over
+    the batch. `teacher_embedding` (B, d_t): `TeacherOutput.sentence_embedding` of the same texts."""
+    student = pooled_student_embedding(student_last_hidden, real_tokens, projection)
+    return jnp.mean(one_minus_cosine(student, jax.lax.stop_gradient(teacher_embedding.astype(jnp.float32))))
