@@ -1,4 +1,5 @@
-"""Distillation losses from a teacher (training/teacher.py) into BiGS, as pure JAX functions.
+"""Distillation losses from a teacher (training/teacher.py) into BiGS, as pure JAX functions
+(docs/DESIGN.md §1.5).
 
 The teacher reads the UNMASKED text while the student reads the masked one (data2vec / BEiT v2
 style): at a masked position the target is the teacher's state for the token that was hidden, so
