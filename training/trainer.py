@@ -309,11 +309,21 @@ class Trainer:
     def _loop(self, state: TrainState, start: int, began: float, rules: StopRules):
         config = self.config
         progress = _progress(range(start, config.num_steps), config.progress)
-        window: list[dict] = []
-        ended = None
         batches = feed(
             range(start, config.num_steps), self.task.train_batch, self.shard_train_batch, config.prefetch_batches
         )
+        try:
+            state, ended = self._steps(state, batches, began, rules, progress)
+        finally:  # stopped early: the feed's worker drops the batches it built ahead
+            batches.close()
+            if hasattr(progress, "close"):
+                progress.close()
+        return state, ended or "num_steps"
+
+    def _steps(self, state: TrainState, batches, began: float, rules: StopRules, progress):
+        config = self.config
+        window: list[dict] = []
+        ended = None
         for step, host_batch, device_batch, waited in batches:
             if self.throughput is None:
                 self.throughput = self.throughput_meter(state, device_batch)
@@ -343,9 +353,7 @@ class Trainer:
                 rules.checkpoint_s = time.perf_counter() - took
             if ended:
                 break
-        if hasattr(progress, "close"):
-            progress.close()
-        return state, ended or "num_steps"
+        return state, ended
 
     def _log_window(self, window: list[dict], done: int, began: float, progress) -> None:
         means = {k: float(np.mean([jax.device_get(m[k]) for m in window])) for k in window[0]}
