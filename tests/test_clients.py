@@ -202,7 +202,7 @@ def test_tei_tokenize_and_decode_round_trip(http):
 
 
 def test_tei_tokenize_and_decode_are_bounded_as_the_models_inputs_are(server, http):
-    """Issue 26: /tokenize with "a " × 1,000,000 answered 200 with 68.9 MB after 10 s, holding /health 6.6 s.
+    """Found by an attack on the defaults: /tokenize with "a " × 1,000,000 answered 200 with 68.9 MB after 10 s, holding /health 6.6 s.
     Now it takes the model routes' bounds: past the model's length 413 (a text far over it counted from a
     prefix, at once), or with `truncate` (TEI's name) cut there; /decode takes at most the model's length."""
     import time
