@@ -21,7 +21,6 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -254,33 +253,6 @@ class Bodies:
 # -- measuring one request on a real server ----------------------------------------------------------
 
 
-class HealthWatch:
-    """Polls /health every 20 ms in a thread while a request runs: the slowest answer is how long the
-    event loop was held."""
-
-    def __init__(self, url: str):
-        self.url, self.worst, self.polls = url, 0.0, 0
-        self._done = threading.Event()
-        self._thread = threading.Thread(target=self._poll)
-
-    def _poll(self):
-        with httpx.Client(base_url=self.url, timeout=300) as c:
-            while not self._done.is_set():
-                t = time.perf_counter()
-                assert c.get("/health").status_code == 200
-                self.worst, self.polls = max(self.worst, time.perf_counter() - t), self.polls + 1
-                time.sleep(0.02)
-
-    def __enter__(self):
-        self._thread.start()
-        time.sleep(0.05)
-        return self
-
-    def __exit__(self, *_):
-        self._done.set()
-        self._thread.join()
-
-
 def rss_mb(pid: int, field: str = "VmRSS") -> float:
     """A process's resident memory now (VmRSS) or at its peak so far (VmHWM), in MB."""
     status = Path(f"/proc/{pid}/status").read_text()
@@ -302,6 +274,8 @@ class Measured:
 def measure(url: str, pid: int, case: Case, timeout: float = 300) -> Measured:
     """Send the case once, with /health polled meanwhile and the server's resident memory read before
     and after (the answer in: its memory is the server's to free once it is sent)."""
+    from service_fixtures import HealthWatch
+
     before = rss_mb(pid)
     with HealthWatch(url) as watch, httpx.Client(base_url=url, timeout=timeout) as client:
         t = time.perf_counter()

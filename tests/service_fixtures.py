@@ -19,6 +19,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -243,3 +244,30 @@ def metric(samples: dict, name: str, **labels: str) -> float:
     """Sum of the samples named `name` whose labels include `labels` (0 when none)."""
     want = set(labels.items())
     return sum(v for (n, ls), v in samples.items() if n == name and want <= set(ls))
+
+
+class HealthWatch:
+    """Polls /health every 20 ms in a thread while a request runs: the slowest answer is how long the
+    event loop was held."""
+
+    def __init__(self, url: str):
+        self.url, self.worst, self.polls = url, 0.0, 0
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._poll)
+
+    def _poll(self):
+        with httpx.Client(base_url=self.url, timeout=300) as c:
+            while not self._done.is_set():
+                t = time.perf_counter()
+                assert c.get("/health").status_code == 200
+                self.worst, self.polls = max(self.worst, time.perf_counter() - t), self.polls + 1
+                time.sleep(0.02)
+
+    def __enter__(self):
+        self._thread.start()
+        time.sleep(0.05)
+        return self
+
+    def __exit__(self, *_):
+        self._done.set()
+        self._thread.join()

@@ -34,6 +34,7 @@ for _needed in ("torch", "transformers", "onnxruntime", "jax", "fastapi", "uvico
 from service_fixtures import (  # noqa: E402
     HOST,
     ROOT,
+    HealthWatch,
     Server,
     _clean_env,
     assert_error,
@@ -400,33 +401,6 @@ def test_fuzz_never_5xx(client):
 
 
 # -- robustness: nothing a user sends stalls the event loop or balloons memory -----------------
-
-
-class HealthWatch:
-    """Polls /health every 20 ms in a thread while a request runs: the slowest answer is how long the
-    event loop was held."""
-
-    def __init__(self, url: str):
-        self.url, self.worst, self.polls = url, 0.0, 0
-        self._done = threading.Event()
-        self._thread = threading.Thread(target=self._poll)
-
-    def _poll(self):
-        with httpx.Client(base_url=self.url, timeout=300) as c:
-            while not self._done.is_set():
-                t = time.perf_counter()
-                assert c.get("/health").status_code == 200
-                self.worst, self.polls = max(self.worst, time.perf_counter() - t), self.polls + 1
-                time.sleep(0.02)
-
-    def __enter__(self):
-        self._thread.start()
-        time.sleep(0.05)
-        return self
-
-    def __exit__(self, *_):
-        self._done.set()
-        self._thread.join()
 
 
 def timed_post(server, path: str, body) -> tuple[httpx.Response, float, float]:
