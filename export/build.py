@@ -10,7 +10,9 @@ Steps: copy the artifact, and write what stock transformers / sentence-transform
 checkpoint dir has none of it); load the torch model (fp32); export ONNX per bucket (export/onnx.py) and
 StableHLO per head and bucket (export/stablehlo.py); measure every file against the torch reference
 on fixed inputs (export/parity.py); hash every file (export/integrity.py); write the manifest
-(export/manifest.py).
+(export/manifest.py). Unless told otherwise (`precisions`), the reduced-precision variants that can
+run here are written too, each gated on real text and timed against fp32 on this CPU (export/gate.py,
+export/latency.py), so `auto` serves a user's own model at reduced precision with no flag.
 Works on `bigs init` / save_pretrained dirs and on published-layout checkpoint dirs alike: both are
 read through `from_pretrained` (torch) and the safetensors keys (Flax).
 """
@@ -36,6 +38,28 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "spec
 BERT_VOCAB_SIZE = 30522
 
 
+DEFAULT = "default"  # `ExportOptions.precisions`: the variants that can be written and gated here
+
+
+def default_precisions() -> tuple[str, ...]:
+    """What `DEFAULT` means on this machine: int8, which ONNX Runtime runs on any CPU (its gate and its
+    measured latency decide whether it is served), and bf16 where OpenVINO is installed and this CPU
+    has bf16 units; elsewhere OpenVINO would compute f32 and there would be no bf16 to record."""
+    from .cpu import has_bf16_units
+    from .openvino_runtime import openvino_available
+
+    return ("int8", "bf16") if has_bf16_units() and openvino_available() else ("int8",)
+
+
+def parse_precisions(text: str | None) -> tuple[str, ...] | str:
+    """`--precisions`: not given → DEFAULT; "none" → () (fp32 only); else the comma-separated list."""
+    if text is None:
+        return DEFAULT
+    if text.strip().lower() == "none":
+        return ()
+    return tuple(p.strip() for p in text.split(",") if p.strip())
+
+
 @dataclass
 class ExportOptions:
     """What to export. `buckets=None`: DEFAULT_BUCKETS up to the model's max_position_embeddings."""
@@ -43,9 +67,12 @@ class ExportOptions:
     buckets: list[int] | None = None
     formats: tuple[str, ...] = FORMATS
     quantize: str | None = None  # None or "int8" (ONNX only): the same as precisions=("int8",)
-    # reduced-precision variants (ONNX only), each measured by its accuracy gate (export/gate.py):
-    # "int8" (int8 graphs, ORT), "bf16" (the fp32 graphs through OpenVINO at bf16)
-    precisions: tuple[str, ...] = ()
+    # Reduced-precision variants (ONNX only), each measured by its accuracy gate (export/gate.py) and
+    # timed (export/latency.py): "int8" (int8 graphs, ORT), "bf16" (the fp32 graphs through OpenVINO at
+    # bf16). DEFAULT (what `bigs export` asks without --precisions): `default_precisions()` where the
+    # gate can run, i.e. with ONNX among the formats and a tokenizer in the dir, else none. The empty
+    # default here keeps a program's export what it states.
+    precisions: tuple[str, ...] | str = ()
     embed_weights: bool = False  # StableHLO: weights inside each artifact instead of arguments
     tolerance: float = DEFAULT_TOLERANCE
     seed: int = 0  # of the parity inputs
@@ -56,6 +83,8 @@ class ExportOptions:
             raise ValueError(f"unknown format(s) {bad}; choose from {FORMATS}")
         if self.quantize not in (None, "int8"):
             raise ValueError(f"--quantize supports int8 only, got {self.quantize!r}")
+        if self.precisions == DEFAULT:
+            return  # resolved by `variants_to_write` once the export dir has its tokenizer
         bad = [p for p in self.precisions if p not in PRECISIONS]
         if bad:
             raise ValueError(f"unknown precision(s) {bad}; choose from {PRECISIONS}")
@@ -63,6 +92,20 @@ class ExportOptions:
             self.precisions = (*self.precisions, self.quantize)
         if self.precisions and "onnx" not in self.formats:
             raise ValueError("reduced precisions are variants of the ONNX graphs: add onnx to the formats")
+
+
+def variants_to_write(options: ExportOptions, tokenizer: TokenizerInfo) -> tuple[str, ...]:
+    """The reduced precisions this export writes: those asked for, or for DEFAULT those that can be
+    gated here. The gate runs real text, so a dir without tokenizer.json (an artifact with its own
+    vocabulary and no tokenizer) gets none by default, and export says so; asked for, it is an error."""
+    if options.precisions != DEFAULT:
+        return tuple(options.precisions)
+    if "onnx" not in options.formats:
+        return ()
+    if "tokenizer.json" not in tokenizer.files:
+        print("no reduced-precision variants: their accuracy gate runs real text and the dir has no tokenizer.json")
+        return ()
+    return default_precisions()
 
 
 def resolve_buckets(requested: list[int] | None, max_length: int) -> list[int]:
@@ -148,10 +191,11 @@ def export_artifact(artifact_dir: str | Path, out_dir: str | Path, options: Expo
         versions=versions(),
     )
 
+    precisions = variants_to_write(options, manifest.tokenizer)
     if "onnx" in options.formats:
         from .onnx import export_onnx
 
-        quantize = "int8" if "int8" in options.precisions else None
+        quantize = "int8" if "int8" in precisions else None
         manifest.onnx = export_onnx(model, buckets, out_dir / "onnx", quantize=quantize)
     if "stablehlo" in options.formats:
         from model.convert import load_torch_safetensors
@@ -166,10 +210,10 @@ def export_artifact(artifact_dir: str | Path, out_dir: str | Path, options: Expo
     record_parity(
         manifest, parity.measure_export(out_dir, manifest, parity.references(model, manifest), options.tolerance)
     )
-    if options.precisions:
+    if precisions:
         from .gate import measure_variants
 
-        measure_variants(out_dir, manifest, options.precisions)
+        measure_variants(out_dir, manifest, precisions)
     record_hashes(manifest, out_dir)
     manifest.write(out_dir)
     return manifest
@@ -235,6 +279,12 @@ def summary(manifest: Manifest, out_dir: str | Path) -> str:
             f"  {precision} ({variant.runtime}) gate on real text: worst top-1 agreement {worst['agreement']:.3f}, "
             f"embedding cosine {worst['cosine']:.4f}, max logit diff {worst['logit diff']:.3g}: {verdict}"
         )
+    if manifest.latency is not None:
+        figures = manifest.latency.ms
+        for bucket in manifest.buckets:
+            times = ", ".join(f"{name} {per[bucket]:.3g} ms" for name, per in figures.items() if bucket in per)
+            lines.append(f"  latency {bucket:>5}: {times}")
+        lines.append(f"    (batch 1, on {manifest.latency.measured_on})")
     if manifest.stablehlo is not None:
         s = manifest.stablehlo
         lines.append(f"  stablehlo: platforms {s.platforms}, weights {s.weights}")

@@ -1,7 +1,8 @@
 """What this CPU is, read once from `/proc/cpuinfo`: its model name and its feature flags.
 
 The one reader of the CPU for the whole project: the accuracy gate records the CPU a variant was
-measured on (export/gate.py), the service decides which precision to serve from the flags
+measured on and export the CPU its latencies were measured on (export/gate.py, export/latency.py;
+`cpu_description` is that CPU's identity), the service decides which precision to serve from the flags
 (service/cpu_features.py), and the benchmarks name the machine beside their figures
 (`cpu_description`, or `machine_description` with the cores and every SIMD flag). Standard
 library only, so the serving image can import it.
@@ -42,6 +43,14 @@ def _field(name: str, cpuinfo: str) -> str | None:
 def cpu_flags(cpuinfo: str = "/proc/cpuinfo") -> frozenset[str]:
     """The CPU's feature flags (the first processor's `flags` line); empty where there is no cpuinfo."""
     return frozenset((_field("flags", cpuinfo) or "").split())
+
+
+# The flags with which OpenVINO computes bf16 as bf16; on any other CPU it computes f32 whatever it is asked.
+BF16_UNITS = ("amx_bf16", "avx512_bf16")
+
+
+def has_bf16_units() -> bool:
+    return any(flag in cpu_flags() for flag in BF16_UNITS)
 
 
 def cpu_model_name(cpuinfo: str = "/proc/cpuinfo") -> str | None:

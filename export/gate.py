@@ -45,6 +45,7 @@ import numpy as np
 
 from .cpu import cpu_description
 from .heads import MASK_POSITIONS, primary_head
+from .latency import measure_latency, one_request
 from .manifest import AccuracyGate, GateMeasured, GateThresholds, Manifest, PrecisionVariant
 
 GATE_TEXT = "gate_text.txt"
@@ -174,7 +175,7 @@ def measure_gate(
 
 
 # --------------------------------------------------------------------------------------------
-# Measuring an export dir's variants (what `bigs export --precisions …` records and `--verify` re-measures)
+# Measuring an export dir's variants (what `bigs export` records and `--verify` re-measures)
 # --------------------------------------------------------------------------------------------
 
 VARIANT_HOW = {
@@ -277,7 +278,9 @@ def measure_variant(
 def measure_variants(export_dir, manifest: Manifest, precisions, thresholds: GateThresholds | None = None) -> None:
     """Measure each of `precisions` against the fp32 graphs on the gate's text and record it in
     `manifest.precisions` (and the gate's text and thresholds in `manifest.gate`). A variant that cannot
-    run as itself here (bf16 without OpenVINO, or on a CPU without bf16) is not recorded, and export says why."""
+    run as itself here (bf16 without OpenVINO, or on a CPU without bf16) is not recorded, and export says why.
+    Then time fp32 and every recorded variant per bucket with the same runners, on this CPU
+    (`manifest.latency`, export/latency.py): what `auto` ranks the variants by on a CPU like this one."""
     thresholds = thresholds or GateThresholds()
     manifest.gate = AccuracyGate(
         text=f"export/assets/{GATE_TEXT}",
@@ -286,6 +289,7 @@ def measure_variants(export_dir, manifest: Manifest, precisions, thresholds: Gat
         thresholds=thresholds,
     )
     inputs = gate_inputs(export_dir, manifest)
+    runners: dict[str, RunBatch] = {"fp32": inputs.reference}
     for precision in precisions:
         try:
             variant = variant_runner(inputs.export_dir, manifest, precision)
@@ -301,3 +305,7 @@ def measure_variants(export_dir, manifest: Manifest, precisions, thresholds: Gat
             gate=gate,
             passed=all(m.passed for m in gate.values()),
         )
+        runners[precision] = variant.run
+    fill_mask = inputs.head == "fill-mask"
+    feeds = {b: one_request(gate_batches(inputs.tokenizer, b, fill_mask)[0]) for b in manifest.buckets}
+    manifest.latency = measure_latency(runners, feeds)

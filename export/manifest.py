@@ -15,6 +15,8 @@ the object down. What it records:
                     (and its int8 twin); the shared weights file and each tensor's place in it
     precisions      per reduced precision (int8, bf16): runtime, graphs, and its accuracy gate on real
                     text per bucket, against fp32 (export/gate.py); `gate`: the text and thresholds
+    latency         per way of serving (fp32, int8, bf16) and bucket: the batch-1 latency export measured,
+                    and the CPU it measured on (export/latency.py); what `auto` ranks variants by there
     stablehlo       per head and bucket: file, platforms, shapes, measured differences, sha256;
                     the parameter layout when weights are arguments
     versions        of the tools that wrote it
@@ -171,6 +173,17 @@ class PrecisionVariant(_Section):
         return [f"bucket {b}: {f}" for b, m in sorted(self.gate.items()) for f in m.failures]
 
 
+class LatencyRecord(_Section):
+    """How long one forward pass took at each bucket, per way of serving the dir, as export measured it
+    (export/latency.py). `auto` trusts the figures only on a CPU with the same `measured_on`
+    (service/cpu_features.py): on another CPU the ranking of int8, bf16 and fp32 can differ."""
+
+    measured_on: str  # export/cpu.py `cpu_description()`: model name and reduced-precision flags
+    how: str
+    # "fp32" and each recorded variant ("int8", "bf16") → bucket → median milliseconds
+    ms: dict[Literal["fp32", "int8", "bf16"], dict[int, float]] = Field(default_factory=dict)
+
+
 class WeightTensor(_Section):
     """One tensor of onnx/weights.bin: where it starts and how it is laid out."""
 
@@ -261,6 +274,8 @@ class Manifest(_Section):
     # reduced precision: "int8" | "bf16" → how it runs and its accuracy gate; empty: fp32 only
     precisions: dict[str, PrecisionVariant] = Field(default_factory=dict)
     gate: AccuracyGate | None = None
+    # measured with the gate, when export writes variants; None in an fp32-only dir or one written before
+    latency: LatencyRecord | None = None
     versions: dict[str, str] = Field(default_factory=dict)
     files: dict[str, FileEntry] = Field(default_factory=dict)
 

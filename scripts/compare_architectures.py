@@ -104,7 +104,17 @@ def run_row(row: str, out: Path, args) -> tuple[RowResult, Path]:
     )
     export_dir = out / row / "export"
     if not (export_dir / "manifest.json").is_file():
-        bigs("export", str(classifier), str(export_dir), "--buckets", args.buckets, "--formats", "onnx")
+        bigs(
+            "export",
+            str(classifier),
+            str(export_dir),
+            "--buckets",
+            args.buckets,
+            "--formats",
+            "onnx",
+            "--precisions",
+            "none",
+        )
     cards = [card(a) for a in (mlm, extended, classifier)]
     encoder, total = parameters(mlm)
     result = RowResult(

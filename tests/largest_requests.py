@@ -320,7 +320,7 @@ def head_exports(root: Path) -> dict[str, Path]:
             for args in (
                 ["init", str(art), "--task", task, *labels, "--hidden-size", "64", "--layers", "2",
                  "--max-length", "128"],
-                ["export", str(art), str(out), "--buckets", "128", "--formats", "onnx"],
+                ["export", str(art), str(out), "--buckets", "128", "--formats", "onnx", "--precisions", "none"],
             ):  # fmt: skip
                 done = subprocess.run([sys.executable, "-m", "bigs_cli", *args], cwd=ROOT, env=_clean_env(),
                                       capture_output=True)  # fmt: skip

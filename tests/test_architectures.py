@@ -278,7 +278,9 @@ def row_exports(tmp_path_factory):
             block_type=block, routing=routing, num_attention_heads=HEADS,
         )  # fmt: skip
         out = root / f"export-{row}"
-        bigs_cli.main(["export", str(art), str(out), "--buckets", ",".join(map(str, ROW_BUCKETS))])
+        bigs_cli.main(
+            ["export", str(art), str(out), "--buckets", ",".join(map(str, ROW_BUCKETS)), "--precisions", "none"]
+        )
         manifest = json.loads((out / "manifest.json").read_text())
         exports[row] = (BiGSForMaskedLM.from_pretrained(art).eval(), art, out, manifest)
     return exports

@@ -207,7 +207,10 @@ def mlm(tmp_path_factory):
     artifact = tmp_path_factory.mktemp("mlm_artifact")
     model.save_pretrained(artifact)
     out = tmp_path_factory.mktemp("mlm_export")
-    assert cli("export", str(artifact), str(out), "--buckets", ",".join(map(str, MLM_BUCKETS))) == 0
+    assert (
+        cli("export", str(artifact), str(out), "--buckets", ",".join(map(str, MLM_BUCKETS)), "--precisions", "none")
+        == 0
+    )
     return model, out, json.loads((out / "manifest.json").read_text())
 
 
@@ -491,7 +494,7 @@ def test_published_layout_dir_exports_with_embedded_weights(tmp_path):
     published.mkdir()
     write_published_dir(published, source)
     out = tmp_path / "out"
-    assert cli("export", str(published), str(out), "--buckets", "128", "--embed-weights") == 0
+    assert cli("export", str(published), str(out), "--buckets", "128", "--embed-weights", "--precisions", "none") == 0
     manifest = json.loads((out / "manifest.json").read_text())
     # parity of both formats was measured against the dir's own torch model
     assert manifest["parity"]["passed"] and manifest["model"]["architecture"] == "BiGSForMaskedLM"
