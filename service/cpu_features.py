@@ -1,8 +1,9 @@
 """Which precision to serve on this CPU: the one place that decides, with its reasons as data.
 
-Inputs: the CPU's flags (`/proc/cpuinfo`, as Linux names them) and, per reduced-precision variant
-of a model, whether the export dir has it and at which buckets it passed its accuracy gate (the
-manifest, export/gate.py). Output: a `PrecisionChoice`: the precision of each bucket, and the
+Inputs: the CPU's flags (`/proc/cpuinfo`, as Linux names them) and description (export/cpu.py),
+per reduced-precision variant of a model whether the export dir has it and at which buckets it passed
+its accuracy gate (the manifest, export/gate.py), and the latency export measured per variant and
+bucket with the CPU it measured on (the manifest's `latency`, export/latency.py). Output: a `PrecisionChoice`: the precision of each bucket, and the
 reasons, taken or not. `auto` decides per bucket: a variant that missed its gate at one bucket is
 still served at the others (docs/DESIGN.md §4.5). `choose_precision` is a pure function, tested over
 a table of CPUs and gates.
@@ -16,7 +17,10 @@ kernels exist but emulate, and are no faster than fp32 or slower):
     avx_vnni      int8 dot products in AVX2 encoding (Alder Lake, Zen 5)
     avx512_bf16   bf16 dot products in AVX-512 (Cooper Lake, Zen 4): twice fp32's rate, not AMX's 16x
 
-Preference among the precisions a CPU runs fast and whose variants passed: `PREFERENCE`, from
+On the CPU the export timed the variants on (the same model name and flags), `auto` serves per
+bucket the fastest of fp32 and the variants that passed there, by those figures: they are this
+model's on this CPU. Elsewhere (another CPU, or a dir without the figures) it goes by the flags:
+preference among the precisions a CPU runs fast and whose variants passed, `preference`, from
 measurements of the served variants (docs/DESIGN.md §4.5): on a VNNI CPU without AMX, ORT int8
 beats fp32 at every bucket and OpenVINO bf16 on AVX512_BF16 does not beat int8; on AMX both are
 fast and bf16 through OpenVINO uses AMX-BF16 tiles for every product, int8 through ORT only for
@@ -30,7 +34,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Literal
 
-from export.cpu import FLAG_NAMES, cpu_flags, cpu_model_name  # noqa: F401  (the CPU, read in one place)
+from export.cpu import FLAG_NAMES, cpu_description, cpu_flags, cpu_model_name  # noqa: F401  (the CPU, read once)
+from export.manifest import LatencyRecord
 
 Precision = Literal["fp32", "int8", "bf16"]
 PrecisionSetting = Literal["auto", "fp32", "int8", "bf16"]
@@ -65,6 +70,9 @@ class VariantStatus:
         """Whether the variant may serve `bucket`: present, and its gate passed there."""
         return self.present and (self.passed or self.bucket_failures.get(bucket) == "")
 
+
+# fp32 as a candidate of `auto`: the reference graphs, servable at every bucket
+FP32_STATUS = VariantStatus(present=True, passed=True)
 
 MIXED = "mixed"  # what `precision` says of a model served at more than one precision
 
@@ -102,15 +110,23 @@ class PrecisionUnavailable(ValueError):
 
 
 def choose_precision(
-    setting: PrecisionSetting, flags: Iterable[str], variants: dict[Precision, VariantStatus], buckets: Iterable[int]
+    setting: PrecisionSetting,
+    flags: Iterable[str],
+    variants: dict[Precision, VariantStatus],
+    buckets: Iterable[int],
+    latency: LatencyRecord | None = None,
+    cpu: str = "",
 ) -> PrecisionChoice:
     """The precision to serve at each of `buckets`.
 
     Explicit: that one at every bucket if the dir has it and its gate passed at every bucket (else
     `PrecisionUnavailable`), whatever the CPU: an explicit precision is a promise about the whole
     model, so a variant that failed at one bucket is refused rather than served in part.
-    `auto`: per bucket, the first of `preference(flags)` that this CPU runs fast, that the dir has and
-    whose gate passed at that bucket; fp32 at a bucket where none does."""
+    `auto`, where `latency` (the manifest's) was measured on a CPU described as `cpu` (this one,
+    export/cpu.py `cpu_description`): per bucket, the fastest measured of fp32 and the variants the dir
+    has whose gate passed at that bucket (`_auto_by_latency`). Otherwise, per bucket, the first of
+    `preference(flags)` that this CPU runs fast, that the dir has and whose gate passed at that bucket;
+    fp32 at a bucket where none does."""
     flags, buckets = frozenset(flags), sorted(buckets)
     if setting == "fp32":
         return PrecisionChoice(dict.fromkeys(buckets, "fp32"), ["fp32 asked for"])
@@ -135,7 +151,12 @@ def choose_precision(
     if setting != "auto":
         raise ValueError(f"unknown precision {setting!r}: auto, fp32, int8 or bf16")
 
-    # The candidates auto may use somewhere (fast here, present, passed at some bucket); the others get
+    figures, not_measured = latency_here(latency, cpu, variants, buckets)
+    if figures is not None:
+        return _auto_by_latency(flags, variants, buckets, figures)
+
+    # No figures for this CPU: the order by its flags, which measurements on a few CPUs and models
+    # set (module docstring). The candidates auto may use somewhere (fast here, present, passed at some bucket); the others get
     # one reason for the whole model.
     whole_model: dict[Precision, str] = {}
     usable: list[Precision] = []
@@ -164,8 +185,11 @@ def choose_precision(
             if precision in whole_model:
                 reasons.append(whole_model[precision])
             elif precision == served:
-                fast = fast_flag(precision, flags)
-                reasons.append(f"{precision}: this CPU has {FLAG_NAMES[fast]} and the variant passed its accuracy gate")
+                fast = FLAG_NAMES[fast_flag(precision, flags)]
+                reasons.append(
+                    f"{precision}: preferred for CPUs with {fast} ({not_measured}), "
+                    "and the variant passed its accuracy gate"
+                )
                 return PrecisionChoice(by_bucket, reasons)
         reasons.append("fp32: no faster variant applies")
         return PrecisionChoice(by_bucket, reasons)
@@ -180,7 +204,8 @@ def choose_precision(
             continue
         why = []
         if precision != "fp32":
-            why.append(f"this CPU has {FLAG_NAMES[fast_flag(precision, flags)]} and its gate passed there")
+            fast = FLAG_NAMES[fast_flag(precision, flags)]
+            why.append(f"its gate passed there; preferred for CPUs with {fast}: {not_measured}")
         for earlier in usable[: usable.index(precision)] if precision in usable else usable:
             failed = [(b, variants[earlier].bucket_failures.get(b) or "not measured") for b in at]
             if len(failed) == 1:
@@ -188,6 +213,73 @@ def choose_precision(
             else:
                 why.append(f"{earlier} failed its gate: " + ", ".join(f"at {b}: {f}" for b, f in failed))
         reasons.append(f"{precision} at {', '.join(map(str, at))} ({'; '.join(why)})")
+    return PrecisionChoice(by_bucket, reasons)
+
+
+def latency_here(
+    latency: LatencyRecord | None, cpu: str, variants: dict[Precision, VariantStatus], buckets: list[int]
+) -> tuple[dict[str, dict[int, float]] | None, str]:
+    """The latency figures `auto` may rank by on this CPU, or None and, in words, why not.
+
+    Only figures measured on a CPU of this description: int8's and bf16's gains over fp32 depend on
+    the CPU's units, so another CPU's ranking says little here. And only a record with a figure for
+    fp32 at every bucket and for each variant at every bucket where it passed its gate, so that no
+    bucket is decided on part of the candidates."""
+    if latency is None:
+        return None, "no latency record for this CPU"
+    if latency.measured_on != cpu:
+        return None, f"latency was measured on another CPU, {latency.measured_on}"
+    ms = latency.ms
+    for precision in ("fp32", *REDUCED):
+        status = variants.get(precision, FP32_STATUS if precision == "fp32" else VariantStatus(False))
+        missing = [b for b in buckets if status.passed_at(b) and b not in ms.get(precision, {})]
+        if missing:
+            return None, f"the latency record has no {precision} figure at {', '.join(map(str, missing))}"
+    return ms, ""
+
+
+def _auto_by_latency(
+    flags: frozenset[str], variants: dict[Precision, VariantStatus], buckets: list[int], ms: dict[str, dict[int, float]]
+) -> PrecisionChoice:
+    """`auto` on the CPU the export timed: per bucket, the fastest of fp32 and the variants whose gate
+    passed there, by the recorded figures. The CPU's flags only break a tie (`preference`); a variant
+    this CPU "lacks the flags for" is still served where it measured fastest here."""
+    whole_model: list[str] = []
+    usable: list[Precision] = []
+    for precision in preference(flags):
+        status = variants.get(precision, VariantStatus(present=False))
+        if not status.present:
+            whole_model.append(
+                f"not {precision}: no {precision} variant" + (f" ({status.detail})" if status.detail else "")
+            )
+        elif not any(status.passed_at(b) for b in buckets):
+            whole_model.append(f"not {precision}: failed its accuracy gate ({status.detail})")
+        else:
+            usable.append(precision)
+
+    def candidates(bucket: int) -> list[str]:  # in tie-breaking order: the flags' preference, then fp32
+        return [p for p in usable if variants[p].passed_at(bucket)] + ["fp32"]
+
+    by_bucket: dict[int, Precision] = {b: min(candidates(b), key=lambda p, b=b: ms[p][b]) for b in buckets}
+
+    reasons = list(whole_model)
+    for precision in (*usable, "fp32"):
+        at = [b for b in buckets if by_bucket[b] == precision]
+        if not at:
+            continue
+        figures = []
+        for b in at:
+            others = ", ".join(f"{p} {ms[p][b]:.3g} ms" for p in candidates(b) if p != precision)
+            figure = f"{ms[precision][b]:.3g} ms" + (f" vs {others}" if others else "")
+            figures.append(figure if len(at) == 1 else f"at {b}: {figure}")
+        contested = any(len(candidates(b)) > 1 for b in at)  # else fp32 alone: nothing was faster to take
+        why = [f"fastest measured on this CPU ({'; '.join(figures)})"] if contested else []
+        for other in usable:  # a variant left out at these buckets by its gate, not by its speed
+            failed = [(b, variants[other].bucket_failures.get(b) or "not measured") for b in at
+                      if not variants[other].passed_at(b)]  # fmt: skip
+            if failed:
+                why.append(f"{other} failed its gate " + ", ".join(f"at {b}: {f}" for b, f in failed))
+        reasons.append(f"{precision} at {', '.join(map(str, at))}: {'; '.join(why) or 'no faster variant applies'}")
     return PrecisionChoice(by_bucket, reasons)
 
 
@@ -234,4 +326,6 @@ def precision_for_model(setting: PrecisionSetting, runtime: str, manifest) -> Pr
             raise PrecisionUnavailable(f"precision {setting} needs runtime onnx (runtime {runtime} serves fp32)")
         buckets = manifest.buckets if manifest is not None else []
         return PrecisionChoice(dict.fromkeys(buckets, "fp32"), [f"runtime {runtime} serves fp32"])
-    return choose_precision(setting, cpu_flags(), variant_statuses(manifest), manifest.buckets)
+    return choose_precision(
+        setting, cpu_flags(), variant_statuses(manifest), manifest.buckets, manifest.latency, cpu_description()
+    )

@@ -146,7 +146,8 @@ def test_a_mixed_choice_names_each_precisions_buckets_and_the_bucket_and_measure
     int8 = failing_at(4096)
     choice = choose_precision("auto", ZEN4, {"int8": int8, "bf16": PASSED}, BUCKETS)
     assert choice.explain() == (
-        "precision auto: int8 at 128, 512, 1024 (this CPU has AVX512-VNNI and its gate passed there); "
+        "precision auto: int8 at 128, 512, 1024 (its gate passed there; preferred for CPUs with AVX512-VNNI: "
+        "no latency record for this CPU); "
         "not bf16: this CPU lacks AMX-BF16; "
         f"fp32 at 4096 (int8 failed its gate there: {int8.bucket_failures[4096]})"
     )
@@ -154,7 +155,7 @@ def test_a_mixed_choice_names_each_precisions_buckets_and_the_bucket_and_measure
     amx = choose_precision("auto", SAPPHIRE_RAPIDS, {"int8": two, "bf16": failing_at(*BUCKETS)}, BUCKETS)
     assert amx.reasons == [
         "not bf16: failed its accuracy gate (bucket 128: max abs logit diff 2.2 > 2)",
-        "int8 at 512, 1024 (this CPU has AMX-INT8 and its gate passed there)",
+        "int8 at 512, 1024 (its gate passed there; preferred for CPUs with AMX-INT8: no latency record for this CPU)",
         "fp32 at 128, 4096 (int8 failed its gate: at 128: max abs logit diff 2.2 > 2, "
         "at 4096: max abs logit diff 2.1 > 2)",
     ]
