@@ -11,7 +11,12 @@
   the gate (dynamic int8 quantizes activations per batch, so neither holds exactly).
 - A runtime per bucket: int8 at one bucket and fp32 at another over one copy of the weights, bf16
   (OpenVINO) at one and int8 (ORT) at another; each bucket answers what its precision's runtime does.
-- Through a real `bigs serve`: auto picks what the decision says and the start-up log says why;
+- `bigs export` with no --precisions writes, gates and times the variants this machine runs (and
+  `--precisions none` none); `auto` with the latency recorded on this CPU serves per bucket the fastest
+  variant that passed there, with a record of another CPU (or none, as in an older manifest) the order
+  for this CPU's flags, and its reasons say which.
+- Through a real `bigs serve`: auto picks what the decision says and the start-up log says why (with
+  the figures, where the latency record decided);
   int8 answers within the gate of fp32's; an int8 variant that failed its gate at one bucket serves
   int8 at the other (within the gate of fp32) and fp32 there (equal to fp32), and the log and
   /v1/models say so; an explicit precision the dir lacks is a one-line start-up failure with status 1.
@@ -35,6 +40,7 @@ from service.cpu_features import (
     dominant_precision,
     fast_flag,
     precision_for_model,
+    variant_statuses,
 )
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -180,6 +186,63 @@ def test_cpu_flags_are_read_from_the_cpuinfo_flags_line(tmp_path):
     )
     assert cpu_flags(str(cpuinfo)) == {"fpu", "avx512_vnni", "amx_int8"}
     assert cpu_flags(str(tmp_path / "absent")) == frozenset()
+
+
+# -- auto by the latency export measured ----------------------------------------------------------
+
+THIS_CPU = "Test CPU (AVX512-VNNI)"
+
+
+def timed(**ms_by_precision: list[float]):
+    """A latency record measured on THIS_CPU: precision → its ms at each of BUCKETS."""
+    from export.manifest import LatencyRecord
+
+    ms = {p: dict(zip(BUCKETS, values, strict=True)) for p, values in ms_by_precision.items()}
+    return LatencyRecord(measured_on=THIS_CPU, how="test figures", ms=ms)
+
+
+def test_auto_on_the_cpu_that_was_timed_serves_at_each_bucket_the_fastest_variant_that_passed_there():
+    # bf16 failed its gate at 4096, where it measured fastest: the faster of the others serves there. The
+    # CPU lacks AMX-BF16, which the order by flags would need for bf16: measured here, it is served anyway.
+    record = timed(fp32=[5, 20, 30, 90], int8=[2, 25, 40, 60], bf16=[3, 10, 35, 50])
+    variants = {"int8": PASSED, "bf16": failing_at(4096)}
+    choice = choose_precision("auto", ZEN4, variants, BUCKETS, record, THIS_CPU)
+    assert choice.by_bucket == {128: "int8", 512: "bf16", 1024: "fp32", 4096: "int8"}, choice.explain()
+    assert choice.reasons == [
+        "int8 at 128, 4096: fastest measured on this CPU (at 128: 2 ms vs bf16 3 ms, fp32 5 ms; "
+        "at 4096: 60 ms vs fp32 90 ms); bf16 failed its gate at 4096: max abs logit diff 2.1 > 2",
+        "bf16 at 512: fastest measured on this CPU (10 ms vs int8 25 ms, fp32 20 ms)",
+        "fp32 at 1024: fastest measured on this CPU (30 ms vs int8 40 ms, bf16 35 ms)",
+    ]  # in the order of this CPU's preference, fp32 last
+    # fp32 faster everywhere: fp32, although every variant passed
+    slower = timed(fp32=[1, 1, 1, 1], int8=[2, 2, 2, 2], bf16=[3, 3, 3, 3])
+    assert (
+        choose_precision("auto", ZEN4, {"int8": PASSED, "bf16": PASSED}, BUCKETS, slower, THIS_CPU).precision == "fp32"
+    )
+
+
+def test_auto_with_a_latency_record_of_another_cpu_none_or_an_incomplete_one_goes_by_the_cpus_flags():
+    variants = {"int8": PASSED, "bf16": PASSED}
+    by_flags = choose_precision("auto", SAPPHIRE_RAPIDS, variants, BUCKETS)
+    assert by_flags.precision == "bf16"  # the order for AMX, although int8 measured faster below
+    assert by_flags.reasons[-1] == (
+        "bf16: preferred for CPUs with AMX-BF16 (no latency record for this CPU), and the variant passed its accuracy gate"
+    )
+    int8_fastest = timed(fp32=[9] * 4, int8=[1] * 4, bf16=[5] * 4)
+    elsewhere = choose_precision("auto", SAPPHIRE_RAPIDS, variants, BUCKETS, int8_fastest, "Another CPU (AMX-BF16)")
+    assert elsewhere.by_bucket == by_flags.by_bucket
+    assert f"(latency was measured on another CPU, {THIS_CPU})" in elsewhere.explain()
+    incomplete = int8_fastest.model_copy(update={"ms": {"fp32": {128: 9.0}, "int8": {128: 1.0}}})
+    partial = choose_precision("auto", SAPPHIRE_RAPIDS, variants, BUCKETS, incomplete, THIS_CPU)
+    assert partial.by_bucket == by_flags.by_bucket
+    assert "the latency record has no fp32 figure at 512, 1024, 4096" in partial.explain()
+    # the same record on its own CPU: measured, int8
+    assert choose_precision("auto", SAPPHIRE_RAPIDS, variants, BUCKETS, int8_fastest, THIS_CPU).precision == "int8"
+
+
+def test_an_explicit_precision_is_served_whatever_the_latency_record_says():
+    fp32_fastest = timed(fp32=[1] * 4, int8=[9] * 4)
+    assert choose_precision("int8", ZEN4, {"int8": PASSED}, BUCKETS, fp32_fastest, THIS_CPU).precision == "int8"
 
 
 # -- the gate -------------------------------------------------------------------------------------
@@ -348,6 +411,139 @@ def test_openvino_at_fp32_computes_what_onnx_runtime_computes_on_every_head(vari
             np.testing.assert_allclose(
                 got[output], expected, atol=1e-4 * max(1.0, np.abs(expected).max()), err_msg=name
             )
+
+
+# -- `bigs export` without flags: the variants, gated and timed --------------------------------------
+
+
+@pytest.fixture(scope="module")
+def default_exports(tmp_path_factory):
+    """The tiny service models through `bigs export` with no --precisions (ONNX only, to stay quick): the
+    classifier at VARIANT_BUCKETS, the fill-mask model at 128; and the classifier with --precisions none."""
+    from service_fixtures import _artifact
+
+    import bigs_cli
+
+    root = tmp_path_factory.mktemp("default-precisions")
+    outs = {}
+    for name, task, seed, buckets, flags in (
+        ("cls", "classification", 1, VARIANT_BUCKETS, []),
+        ("mlm", "mlm", 0, [128], []),
+        ("cls-none", "classification", 1, [128], ["--precisions", "none"]),
+    ):
+        artifact = root / f"art-{task}"
+        if not artifact.is_dir():
+            _artifact(artifact, task, seed)
+        outs[name] = root / f"export-{name}"
+        bucket_list = ",".join(map(str, buckets))
+        bigs_cli.main(["export", str(artifact), str(outs[name]), "--buckets", bucket_list, "--formats", "onnx", *flags])
+    return outs
+
+
+@pytest.mark.slow
+def test_export_without_flags_writes_gates_and_times_the_variants_this_machine_runs(default_exports):
+    from export.build import default_precisions
+    from export.cpu import cpu_description, has_bf16_units
+    from export.manifest import read_manifest
+    from export.openvino_runtime import openvino_available
+
+    assert ("bf16" in default_precisions()) == (has_bf16_units() and openvino_available())
+    for name in ("cls", "mlm"):
+        manifest = read_manifest(default_exports[name])
+        assert tuple(manifest.precisions) == default_precisions(), name
+        for variant in manifest.precisions.values():
+            assert sorted(variant.gate) == manifest.buckets and variant.passed is not None
+        assert all(graph.int8 is not None for graph in manifest.onnx.buckets.values())
+        # the latency of fp32 and of each variant at each bucket, with the CPU that measured it
+        latency = manifest.latency
+        assert latency.measured_on == cpu_description()
+        assert list(latency.ms) == ["fp32", *manifest.precisions]
+        for figures in latency.ms.values():
+            assert sorted(figures) == manifest.buckets and all(ms > 0 for ms in figures.values())
+    fp32_only = read_manifest(default_exports["cls-none"])
+    assert fp32_only.precisions == {} and fp32_only.latency is None and fp32_only.gate is None
+    assert all(graph.int8 is None for graph in fp32_only.onnx.buckets.values())
+
+
+@pytest.mark.slow
+def test_a_manifest_written_before_latency_was_recorded_still_loads_and_auto_says_it_goes_by_the_flags(
+    default_exports, tmp_path
+):
+    import shutil
+
+    from export.manifest import read_manifest
+
+    old = tmp_path / "old"
+    shutil.copytree(default_exports["cls"], old)
+    raw = json.loads((old / "manifest.json").read_text())
+    del raw["latency"]
+    (old / "manifest.json").write_text(json.dumps(raw))
+    manifest = read_manifest(old)
+    assert manifest.latency is None
+    choice = precision_for_model("auto", "onnx", manifest)
+    by_flags = choose_precision("auto", cpu_flags(), variant_statuses(manifest), manifest.buckets)
+    assert choice == by_flags
+    if choice.precision != "fp32":  # a reduced precision served by the order for this CPU's flags
+        assert "(no latency record for this CPU)" in choice.explain(), choice.explain()
+
+
+def _with_latency(export_dir, tmp_path, ms=None, measured_on=None) -> Path:
+    """A copy of the export dir whose recorded latency has other figures or another CPU."""
+
+    def change(manifest):
+        update = {"ms": ms} if ms is not None else {}
+        update |= {"measured_on": measured_on} if measured_on is not None else {}
+        manifest.latency = manifest.latency.model_copy(update=update)
+
+    return _tampered_copy(export_dir, tmp_path, change)
+
+
+def _int8_first_then_fp32(manifest) -> dict[str, dict[int, float]]:
+    """Figures where int8 is the fastest at 128 and fp32 at 512 (every variant the dir has is slower)."""
+    ms = {"fp32": {128: 5.0, 512: 10.0}, "int8": {128: 2.0, 512: 12.0}}
+    if "bf16" in manifest.precisions:
+        ms["bf16"] = {128: 3.0, 512: 11.0}
+    return ms
+
+
+@pytest.mark.slow
+def test_auto_with_this_cpus_latency_record_serves_per_bucket_the_fastest_variant_that_passed(
+    default_exports, tmp_path
+):
+    from export.manifest import read_manifest
+
+    manifest = read_manifest(default_exports["cls"])
+    assert manifest.precisions["int8"].passed, manifest.precisions["int8"].failures()
+    # the figures export recorded: at each bucket the fastest of fp32 and the variants that passed there
+    recorded = manifest.latency.ms
+    passing = [p for p, v in manifest.precisions.items() if v.passed]
+    expected = {b: min(["fp32", *passing], key=lambda p, b=b: recorded[p][b]) for b in manifest.buckets}
+    assert precision_for_model("auto", "onnx", manifest).by_bucket == expected
+    # figures that decide differently per bucket, whatever this CPU's flags would prefer
+    tampered = read_manifest(_with_latency(default_exports["cls"], tmp_path, ms=_int8_first_then_fp32(manifest)))
+    choice = precision_for_model("auto", "onnx", tampered)
+    assert choice.by_bucket == {128: "int8", 512: "fp32"}, choice.explain()
+    assert "int8 at 128: fastest measured on this CPU (2 ms vs " in choice.explain()
+    assert "fp32 at 512: fastest measured on this CPU (10 ms vs " in choice.explain()
+
+
+@pytest.mark.slow
+def test_auto_with_a_latency_record_from_another_cpu_falls_back_to_the_order_for_this_cpus_flags(
+    default_exports, tmp_path
+):
+    from export.manifest import read_manifest
+
+    manifest = read_manifest(default_exports["cls"])
+    other = "Another CPU (no VNNI, BF16 or AMX)"
+    elsewhere = read_manifest(
+        _with_latency(default_exports["cls"], tmp_path, ms=_int8_first_then_fp32(manifest), measured_on=other)
+    )
+    choice = precision_for_model("auto", "onnx", elsewhere)
+    by_flags = choose_precision("auto", cpu_flags(), variant_statuses(elsewhere), elsewhere.buckets)
+    assert choice.by_bucket == by_flags.by_bucket, choice.explain()
+    assert "fastest measured" not in choice.explain()
+    if choice.precision != "fp32":
+        assert f"(latency was measured on another CPU, {other})" in choice.explain(), choice.explain()
 
 
 # -- `bigs export --verify` measures the gate again -------------------------------------------------
@@ -632,6 +828,30 @@ def test_auto_serves_what_the_decision_says_and_the_start_up_log_says_why(varian
 
 
 @pytest.mark.slow
+def test_the_start_up_log_says_which_variant_each_bucket_uses_and_the_figures_that_chose_it(
+    default_exports, logs, tmp_path
+):
+    from service_fixtures import Server
+
+    from export.manifest import read_manifest
+
+    manifest = read_manifest(default_exports["cls"])
+    timed_dir = _with_latency(default_exports["cls"], tmp_path, ms=_int8_first_then_fp32(manifest))
+    expected = precision_for_model("auto", "onnx", read_manifest(timed_dir))
+    assert expected.by_bucket == {128: "int8", 512: "fp32"}, expected.explain()
+    server = Server({"cls": timed_dir}, logs, "precision-timed", BIGS_WARMUP="false")
+    try:
+        server.wait_ready()
+        (card,) = httpx.get(f"{server.url}/v1/models", timeout=30).json()["data"]
+        assert card["bucket_precisions"] == {"128": "int8", "512": "fp32"}
+        log = server.log()
+        assert expected.explain() in log, log
+        assert "int8 at 128: fastest measured on this CPU (2 ms vs " in log, log
+    finally:
+        server.stop()
+
+
+@pytest.mark.slow
 def test_an_explicit_precision_the_export_dir_lacks_ends_serve_with_status_1_and_one_line(exports, logs):
     from service_fixtures import Server
 
@@ -691,8 +911,11 @@ def test_an_int8_variant_that_failed_its_gate_at_one_bucket_is_served_int8_at_th
             measured.failures = thresholds.failures(measured)
         variant.passed = not variant.failures()
         # On a CPU with AMX-BF16, auto prefers a bf16 variant that passed (docs/DESIGN.md §4.5): this copy
-        # holds none, so what is tested is int8's choice per bucket on every CPU with int8 units.
+        # holds none, so what is tested is int8's choice per bucket on every CPU with int8 units. Nor does
+        # it hold the latency export measured: on this CPU auto would rank by those figures, and a tiny
+        # model's int8 and fp32 are within noise of each other; the order by flags is what is tested here.
         manifest.precisions.pop("bf16", None)
+        manifest.latency = None
 
     tampered = _tampered_copy(variant_exports["cls"], tmp_path, fail_one_bucket)
     expected = precision_for_model("auto", "onnx", read_manifest(tampered))
