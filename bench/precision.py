@@ -26,10 +26,8 @@ from __future__ import annotations
 
 import argparse
 import platform
-import statistics
 import sys
 import tempfile
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -135,6 +133,7 @@ def measure(
     export_dir: str | Path, buckets: list[int], repeats: int = 5, batch: int = 1, quantize: bool = False
 ) -> PrecisionTable:
     """Median ms per candidate and bucket, candidates interleaved within every repeat."""
+    from export.latency import median_ms
     from service.cpu_features import PRECISION_FLAGS, cpu_flags, cpu_model_name
 
     export_dir = Path(export_dir)
@@ -143,16 +142,9 @@ def measure(
         medians: dict[str, dict[int, float]] = {name: {} for name in runners}
         for bucket in buckets:
             present = {name: per[bucket] for name, per in runners.items() if bucket in per}
-            for run in present.values():  # warm-up
-                run()
-            times: dict[str, list[float]] = {name: [] for name in present}
-            for _ in range(repeats):
-                for name, run in present.items():
-                    start = time.perf_counter()
-                    run()
-                    times[name].append(1000 * (time.perf_counter() - start))
-            for name, values in times.items():
-                medians[name][bucket] = statistics.median(values)
+            # the way export times the variants it records (export/latency.py): warm-up, interleaved repeats
+            for name, ms in median_ms(present, repeats).items():
+                medians[name][bucket] = ms
             print(f"  {bucket}: " + ", ".join(f"{n} {m[bucket]:.1f} ms" for n, m in medians.items() if bucket in m),
                   file=sys.stderr, flush=True)  # fmt: skip
     flags = sorted(cpu_flags() & set(PRECISION_FLAGS))
