@@ -7,6 +7,9 @@
     onnx.py               torch → ONNX per bucket, ORT offline optimisation, int8, one shared weights file
     stablehlo.py          Flax → `jax.export` per head and bucket, weights as arguments or embedded
     parity.py             fixed inputs, the torch reference, every runtime file measured against it
+    gate.py               the accuracy gate of the int8 and bf16 variants, on real text, per bucket
+    latency.py            each way of serving timed per bucket on the exporting CPU, for `auto`
+    cpu.py                the CPU's model name and flags, read once (its description names it)
     verify.py             `bigs export --verify`: hashes, then parity again
     manifest.py           manifest.json as a typed model: one reader, one writer
     integrity.py          sha256 of every file: recorded at export, checked by verify and the service
