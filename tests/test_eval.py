@@ -1,0 +1,90 @@
+"""`bigs eval` (training/evaluation.py): one table of held-out scores for an artifact or export dir.
+The scores are checked against what else knows them: an export dir answers the cloze set as its
+artifact does (exported = reference), a classifier's test accuracy equals the one its training card
+recorded on the same split, and the masked-token accuracy counts what it says."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from training.evaluation import evaluate, read_cloze
+
+ROOT = Path(__file__).resolve().parents[1]
+pytestmark = pytest.mark.slow
+
+
+def rows(report) -> dict[tuple[str, str], float]:
+    return {(r.set, r.metric): r.value for r in report.rows}
+
+
+def test_an_export_dir_answers_the_cloze_set_as_its_artifact_does(exports):
+    artifact, export = evaluate(exports["art-mlm"]), evaluate(exports["mlm"])
+    assert artifact.kind == "artifact" and export.kind == "export"
+    assert rows(artifact) == rows(export)
+    assert [e["top5"] for e in artifact.examples] == [e["top5"] for e in export.examples]
+    n = len(read_cloze())
+    assert {r.count for r in artifact.rows if r.set.startswith("cloze")} == {n}
+
+
+def test_masked_token_accuracy_on_a_built_corpus_is_a_share_of_the_masked_tokens(exports, tmp_path):
+    from model.tokenizer import bert_uncased_tokenizer
+    from training.data import build_corpus
+
+    build_corpus(["kjv"], tmp_path, seq_len=64, max_docs=60, tokenizer=bert_uncased_tokenizer())
+    report = evaluate(exports["art-mlm"], tmp_path)
+    (row,) = [r for r in report.rows if r.metric == "masked-token accuracy"]
+    assert 0.0 <= row.value <= 1.0 and row.count > 0
+    assert row.value == pytest.approx(round(row.value * row.count) / row.count)  # hits / masked tokens
+    again = [r for r in evaluate(exports["art-mlm"], tmp_path).rows if r.metric == "masked-token accuracy"]
+    assert again[0].value == row.value and again[0].count == row.count  # the same masks every time
+
+
+def test_a_classifier_scores_its_cards_test_accuracy_beside_both_baselines(tmp_path):
+    model = ROOT / "models" / "bigs-mini-news"
+    card = json.loads((model / "training_card.json").read_text())
+    out = tmp_path / "report.json"
+    done = subprocess.run(
+        [sys.executable, "-m", "bigs_cli", "eval", str(model), "--data-dir", str(tmp_path / "data"), "--json", str(out)],
+        cwd=ROOT, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "TF-IDF + LR accuracy" in done.stdout and "majority class accuracy" in done.stdout
+    report = json.loads(out.read_text())
+    scores = {r["metric"]: r for r in report["rows"]}
+    assert scores["accuracy"]["value"] == pytest.approx(card["held_out"]["test_accuracy"])
+    assert scores["macro-F1"]["value"] == pytest.approx(card["held_out"]["test_f1_macro"])
+    assert scores["accuracy"]["count"] == 212
+    assert 0.0 < scores["majority class accuracy"]["value"] < scores["TF-IDF + LR accuracy"]["value"] <= 1.0
+
+
+def test_a_dir_that_is_no_model_is_a_one_line_error(tmp_path):
+    done = subprocess.run(
+        [sys.executable, "-m", "bigs_cli", "eval", str(tmp_path)], cwd=ROOT, capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 1
+    assert done.stderr.strip().splitlines()[-1].startswith("bigs eval:") and "neither an export dir" in done.stderr
+    assert "Traceback" not in done.stderr
+
+
+def test_cloze_hits_count_any_listed_answer_in_the_top_five():
+    from model.tokenizer import bert_uncased_tokenizer
+    from training.evaluation import ClozeItem, score_cloze
+
+    tokenizer = bert_uncased_tokenizer()
+    target = tokenizer.convert_tokens_to_ids("france")
+
+    class Oracle:  # puts "france" first for every sentence
+        def fill_mask(self, ids, mask, positions):
+            logits = np.zeros((ids.shape[0], 1, len(tokenizer)), np.float32)
+            logits[:, :, target] = 1.0
+            return logits
+
+    items = [ClozeItem("paris is the capital of [MASK].", ("france",)), ClozeItem("snow is [MASK].", ("white",))]
+    (top1, top5), examples = score_cloze(Oracle(), tokenizer, items)
+    assert (top1.value, top5.value) == (0.5, 0.5) and examples[0]["top5"][0] == "france"

@@ -1,0 +1,311 @@
+"""`bigs eval`: one model dir scored on held-out sets, one table.
+
+A model dir is an artifact dir (the training module's output, run here by its Flax model exactly as
+training evaluated it) or an export dir (run by the service's own runtime over the exported graphs,
+at the precision asked for: what a client of the server would get). What is scored depends on what
+the model is:
+
+fill-mask (an MLM)
+    cloze        the held-out plain-English sentences of `training/heldout/cloze-en.jsonl`, each with
+                 one [MASK] and the single-token answers that count: top-1 and top-5 hits. Written
+                 before any model here was scored, and kept out of every training corpus (a test
+                 checks that no sentence, its answer filled in, occurs in one).
+    masked-token held-out documents of a built corpus (`--data-dir`: its test split, as packed for
+                 training), masked as training masks them (15%: 80% [MASK], 10% random, 10% kept,
+                 a fixed seed): the share of masked positions whose top guess is the original token.
+classification
+    test split   accuracy and macro-F1 on the test split of the labelled set the model was trained on
+                 (its training card names it; built into `--data-dir`), beside two baselines on the
+                 same split: the majority class and TF-IDF + logistic regression (scikit-learn) fitted
+                 on the training split's texts (the token ids decoded, the view the model had).
+
+Nothing is tuned here: a held-out set is read, scored and reported.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+CLOZE_SET = Path(__file__).parent / "heldout" / "cloze-en.jsonl"
+HELD_OUT_MASK_SEED = 20261126  # fixed: every model is scored on the same masks
+
+
+@dataclass(frozen=True)
+class ClozeItem:
+    text: str  # one [MASK]
+    answers: tuple[str, ...]  # single tokens of the project's vocabulary, any of which counts
+
+
+def read_cloze(path: str | Path = CLOZE_SET) -> list[ClozeItem]:
+    items = []
+    for line in Path(path).read_text(encoding="utf-8").splitlines():
+        if line.strip():
+            row = json.loads(line)
+            items.append(ClozeItem(row["text"], tuple(row["answers"])))
+    return items
+
+
+@dataclass
+class Row:
+    """One line of the table: what was scored, on how many items, and the figure."""
+
+    set: str
+    metric: str
+    value: float
+    count: int
+    note: str = ""
+
+
+@dataclass
+class Report:
+    model: str
+    kind: str  # "artifact" | "export"
+    architecture: str
+    rows: list[Row] = field(default_factory=list)
+    examples: list[dict] = field(default_factory=list)  # a few cloze answers, to read
+
+    def table(self) -> str:
+        lines = [f"{self.model} ({self.kind}, {self.architecture})", ""]
+        lines.append(f"{'set':<28} {'metric':<22} {'value':>8} {'n':>7}  note")
+        for r in self.rows:
+            lines.append(f"{r.set:<28} {r.metric:<22} {r.value:>8.4f} {r.count:>7}  {r.note}")
+        for e in self.examples:
+            lines.append(f"  {e['text']}  →  {', '.join(e['top5'])}{'  ✓' if e['hit5'] else ''}")
+        return "\n".join(lines)
+
+    def to_json(self) -> dict:
+        return {
+            "model": self.model,
+            "kind": self.kind,
+            "architecture": self.architecture,
+            "rows": [r.__dict__ for r in self.rows],
+            "examples": self.examples,
+        }
+
+
+# ------------------------------------------------------------------------------------------
+# The model, whichever dir it is: logits for a padded batch
+# ------------------------------------------------------------------------------------------
+
+
+class ArtifactModel:
+    """An artifact dir through the training module's Flax model (as training evaluates it)."""
+
+    kind = "artifact"
+
+    def __init__(self, path: Path):
+        import jax
+
+        from model.modeling_flax_bigs import (
+            FlaxBiGSForMaskedLMModule,
+            FlaxBiGSForSequenceClassificationModule,
+        )
+
+        from .artifact import load_artifact
+
+        self.config, params = load_artifact(path)
+        self.architecture = (self.config.architectures or ["BiGSForMaskedLM"])[0]
+        self.max_length = self.config.max_position_embeddings
+        if self.architecture == "BiGSForMaskedLM":
+            module = FlaxBiGSForMaskedLMModule(self.config)
+        elif self.architecture == "BiGSForSequenceClassification":
+            module = FlaxBiGSForSequenceClassificationModule(self.config)
+        else:
+            raise ValueError(f"bigs eval scores fill-mask and classification models, not {self.architecture}")
+        params = {k: v for k, v in params.items() if k in ("s4_bert", "cls", "classifier", "pooler")}
+        if self.architecture == "BiGSForMaskedLM":
+            params["s4_bert"] = {k: v for k, v in params["s4_bert"].items() if k != "pooler"}
+        self._apply = jax.jit(lambda p, ids, mask, pos: module.apply({"params": p}, ids, mask, logits_positions=pos))
+        self._classify = jax.jit(lambda p, ids, mask: module.apply({"params": p}, ids, mask))
+        self.params = params
+        self.card = _card(path)
+
+    def fill_mask(self, ids: np.ndarray, mask: np.ndarray, positions: np.ndarray) -> np.ndarray:
+        return np.asarray(self._apply(self.params, ids, mask, positions))
+
+    def classify(self, ids: np.ndarray, mask: np.ndarray) -> np.ndarray:
+        return np.asarray(self._classify(self.params, ids, mask))
+
+
+class ExportModel:
+    """An export dir through the service's runtime (ONNX Runtime, or OpenVINO for bf16), per bucket."""
+
+    kind = "export"
+
+    def __init__(self, path: Path, precision: str = "fp32"):
+        from export.manifest import read_manifest
+        from service.runtimes import load_runtime
+
+        self.manifest = read_manifest(path)
+        self.buckets = sorted(self.manifest.buckets)
+        self.max_length = self.buckets[-1]
+        self.runtime = load_runtime("onnx", path, self.manifest, precision=precision)
+        heads = set(self.manifest.heads)
+        self.architecture = "BiGSForMaskedLM" if "fill-mask" in heads else "BiGSForSequenceClassification"
+        self.card = _card(path)
+
+    def _padded(self, ids: np.ndarray, mask: np.ndarray):
+        length = ids.shape[1]
+        bucket = next(b for b in self.buckets if b >= length)
+        pad = ((0, 0), (0, bucket - length))
+        ids, mask = np.pad(ids, pad), np.pad(mask, pad)
+        inputs = {"input_ids": ids, "attention_mask": mask, "token_type_ids": np.zeros_like(ids)}
+        return bucket, {k: v.astype(np.int64) for k, v in inputs.items()}
+
+    def fill_mask(self, ids: np.ndarray, mask: np.ndarray, positions: np.ndarray) -> np.ndarray:
+        bucket, inputs = self._padded(ids, mask)
+        return self.runtime.run("fill-mask", bucket, {**inputs, "mask_positions": positions.astype(np.int64)})
+
+    def classify(self, ids: np.ndarray, mask: np.ndarray) -> np.ndarray:
+        bucket, inputs = self._padded(ids, mask)
+        return self.runtime.run("classification", bucket, inputs)
+
+
+def _card(path: Path) -> dict:
+    """The training card of the dir (an export dir carries its artifact's), or {}."""
+    for candidate in (path / "training_card.json", path / "artifact" / "training_card.json"):
+        if candidate.is_file():
+            return json.loads(candidate.read_text())
+    return {}
+
+
+def open_model(path: str | Path, precision: str = "fp32"):
+    path = Path(path)
+    if (path / "manifest.json").is_file():
+        return ExportModel(path, precision)
+    if (path / "config.json").is_file():
+        return ArtifactModel(path)
+    raise ValueError(f"{path} is neither an export dir (manifest.json) nor an artifact dir (config.json)")
+
+
+# ------------------------------------------------------------------------------------------
+# Scores
+# ------------------------------------------------------------------------------------------
+
+
+def score_cloze(model, tokenizer, items: list[ClozeItem], batch_size: int = 16) -> tuple[list[Row], list[dict]]:
+    """Top-1 and top-5 hits over the cloze sentences (each padded to the longest of its batch)."""
+    mask_id = tokenizer.mask_token_id
+    hits1 = hits5 = 0
+    examples = []
+    for start in range(0, len(items), batch_size):
+        batch = items[start : start + batch_size]
+        encoded = tokenizer([i.text for i in batch], padding=True, return_tensors="np")
+        ids, attention = encoded["input_ids"], encoded["attention_mask"]
+        positions = np.argmax(ids == mask_id, axis=1)[:, None]  # (B, 1): the one [MASK] of each
+        logits = model.fill_mask(ids, attention, positions)[:, 0]  # (B, vocab)
+        top5 = np.argsort(-logits, axis=-1)[:, :5]
+        for item, guesses in zip(batch, top5, strict=True):
+            words = tokenizer.convert_ids_to_tokens(guesses.tolist())
+            answers = set(item.answers)
+            hit1, hit5 = words[0] in answers, bool(answers & set(words))
+            hits1, hits5 = hits1 + hit1, hits5 + hit5
+            examples.append({"text": item.text, "top5": words, "hit1": hit1, "hit5": hit5})
+    n = len(items)
+    rows = [Row("cloze (plain English)", "top-1", hits1 / n, n), Row("cloze (plain English)", "top-5", hits5 / n, n)]
+    return rows, examples
+
+
+def score_masked_tokens(model, data_dir: Path, max_rows: int = 1024, batch_size: int = 32) -> Row:
+    """Masked-token accuracy on the corpus's test split, masked as training masks (fixed seed)."""
+    from model.tokenizer import bert_uncased_tokenizer
+
+    from .data import MaskingConfig, open_split
+    from .stages import masked_batch
+
+    split = open_split(data_dir, "test")  # as packed for training (its latest length)
+    masking = MaskingConfig.from_tokenizer(bert_uncased_tokenizer())
+    rows = min(len(split), max_rows)
+    correct = counted = 0
+    for step, start in enumerate(range(0, rows, batch_size)):
+        ids = split[np.arange(start, min(start + batch_size, rows))].astype(np.int32)
+        if ids.shape[1] > model.max_length:
+            raise ValueError(f"the corpus is packed at {ids.shape[1]} tokens, past the model's {model.max_length}")
+        batch = masked_batch(ids, masking, HELD_OUT_MASK_SEED, step)
+        logits = model.fill_mask(batch["input_ids"], batch["attention_mask"], batch["logits_positions"])
+        labels = batch["labels"]
+        real = labels != -100
+        correct += int(((np.argmax(logits, axis=-1) == labels) & real).sum())
+        counted += int(real.sum())
+    note = f"test split of {data_dir}, {rows} sequences of {split[np.arange(1)].shape[1]}"
+    return Row("held-out documents", "masked-token accuracy", correct / max(counted, 1), counted, note)
+
+
+def score_classification(model, data_dir: Path, batch_size: int = 16) -> list[Row]:
+    """Accuracy and macro-F1 on the labelled set's test split, beside the majority class and TF-IDF +
+    logistic regression fitted on the training split (scikit-learn)."""
+    from model.tokenizer import bert_uncased_tokenizer
+
+    from .data import build_labelled, open_split
+    from .metrics import classification_report, majority_baseline
+
+    sources = (model.card.get("data") or {}).get("sources") or (model.card.get("config") or {}).get("data", {}).get(
+        "sources"
+    )
+    if not sources:
+        raise ValueError("the model's training card does not name its labelled set; nothing to score it on")
+    source = sources[0] if isinstance(sources, list) else next(iter(sources))
+    source = source if isinstance(source, str) else source.get("name")
+    tokenizer = bert_uncased_tokenizer(model_max_length=model.max_length)
+    build_labelled(source, data_dir, max_length=min(model.max_length, 512), seed=0, tokenizer=tokenizer)
+    train, test = open_split(data_dir, "train"), open_split(data_dir, "test")
+    every = np.arange(len(test))
+    labels = np.asarray(test.arrays["labels"])
+    predictions = []
+    for start in range(0, len(test), batch_size):
+        arrays = test.take(every[start : start + batch_size])
+        length = int(arrays["attention_mask"].sum(axis=1).max())
+        ids, attention = arrays["input_ids"][:, :length], arrays["attention_mask"][:, :length]
+        predictions.append(np.argmax(model.classify(ids, attention), axis=-1))
+    predictions = np.concatenate(predictions)
+    num_labels = int(max(labels.max(), np.asarray(train.arrays["labels"]).max()) + 1)
+    report = classification_report(labels, predictions, num_labels)
+    name = f"{source} test split"
+    rows = [
+        Row(name, "accuracy", report["accuracy"], len(labels)),
+        Row(name, "macro-F1", report["f1_macro"], len(labels)),
+    ]
+    majority = majority_baseline(np.asarray(train.arrays["labels"]), labels, num_labels)
+    rows.append(Row(name, "majority class accuracy", majority["accuracy"], len(labels), "baseline"))
+    rows.append(Row(name, "TF-IDF + LR accuracy", tfidf_baseline(train, test, tokenizer), len(labels), "baseline"))
+    return rows
+
+
+def tfidf_baseline(train, test, tokenizer) -> float:
+    """TF-IDF (words and bigrams) + logistic regression on the decoded training texts, scored on test."""
+    from sklearn.feature_extraction.text import TfidfVectorizer
+    from sklearn.linear_model import LogisticRegression
+
+    def texts(split):
+        ids = np.asarray(split.arrays["input_ids"])
+        return tokenizer.batch_decode(ids.tolist(), skip_special_tokens=True)
+
+    vectorizer = TfidfVectorizer(ngram_range=(1, 2), min_df=2, sublinear_tf=True)
+    features = vectorizer.fit_transform(texts(train))
+    classifier = LogisticRegression(max_iter=2000, C=10.0)
+    classifier.fit(features, np.asarray(train.arrays["labels"]))
+    predicted = classifier.predict(vectorizer.transform(texts(test)))
+    return float(np.mean(predicted == np.asarray(test.arrays["labels"])))
+
+
+def evaluate(path: str | Path, data_dir: str | Path | None = None, precision: str = "fp32") -> Report:
+    """Every held-out score that applies to the model at `path` (module docstring)."""
+    from model.tokenizer import bert_uncased_tokenizer
+
+    model = open_model(path, precision)
+    report = Report(str(path), model.kind, model.architecture)
+    if model.architecture == "BiGSForMaskedLM":
+        rows, examples = score_cloze(model, bert_uncased_tokenizer(), read_cloze())
+        report.rows += rows
+        report.examples = examples[:8]
+        if data_dir is not None:
+            report.rows.append(score_masked_tokens(model, Path(data_dir)))
+    else:
+        if data_dir is None:
+            raise ValueError("a classifier is scored on its labelled set's test split: give --data-dir to build it in")
+        report.rows += score_classification(model, Path(data_dir))
+    return report
