@@ -115,3 +115,33 @@ def test_a_teacher_is_refused_where_it_cannot_read_the_sequences(tmp_path):
 def test_distill_applies_to_the_mlm_stages_only(tmp_path):
     with pytest.raises(ValueError, match="applies to the mlm and extend stages"):
         load_config(overrides=["stage=classify", "init_from=x", 'data.sources=["bbc-news"]', "distill={}"])
+
+
+def test_with_both_weights_zero_the_objective_is_the_mlm_loss_and_the_teacher_does_not_run():
+    """The ablation's middle row (the teacher's embeddings, no distillation) pays for no teacher pass."""
+    from model.configuration_bigs import BiGSConfig
+    from model.modeling_flax_bigs import FlaxBiGSForMaskedLMModule, init_params
+    from training.config import DistillSettings
+    from training.distill import PROJECTIONS_KEY
+    from training.steps import mlm_loss_sums
+    from training.teacher import Teacher, default_teacher_dir
+
+    config = BiGSConfig(vocab_size=30522, hidden_size=32, num_hidden_layers=2, intermediate_size=64, num_ssm=8,
+                        max_position_embeddings=16)  # fmt: skip
+    module = FlaxBiGSForMaskedLMModule(config)
+    teacher = Teacher.from_dir(default_teacher_dir())
+    ids = jnp.asarray(np.random.default_rng(1).integers(1000, 2000, size=(2, 16)))
+    mask, positions = jnp.ones_like(ids), jnp.asarray([[1, 2], [3, 4]])
+    labels = jnp.asarray([[5, 6], [7, -100]])
+    for weights, parts in [((0.0, 0.0), set()), ((1.0, 0.0), {"hidden_loss"}), ((0.0, 1.0), {"embedding_loss"})]:
+        settings = DistillSettings(hidden_weight=weights[0], embedding_weight=weights[1])
+        objective = DistilledMLM(module, teacher, settings)
+        params = {**init_params(module, seed=0), PROJECTIONS_KEY: objective.init_projections(0)}
+        outputs = objective.apply_fn(
+            {"params": params}, ids, mask, jnp.zeros_like(ids), positions, unmasked_input_ids=None if not parts else ids
+        )
+        assert set(outputs[1]) == parts
+        if not parts:
+            total, count, _ = objective.loss_sums(outputs, labels)
+            expected, _, _ = mlm_loss_sums(outputs[0], labels)
+            assert float(total) == float(expected) and int(count) == 3

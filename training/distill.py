@@ -169,6 +169,8 @@ class DistilledMLM:
             {"params": student_params(params)}, input_ids, attention_mask, token_type_ids,
             deterministic=deterministic, logits_positions=logits_positions, output_hidden_states=True, rngs=rngs,
         )  # fmt: skip
+        if self.settings.hidden_weight == 0 and self.settings.embedding_weight == 0:
+            return logits, {}  # the teacher's embeddings only (init_from_teacher): no forward pass to pay
         if unmasked_input_ids is None:
             raise ValueError("a distilled MLM batch carries unmasked_input_ids (the text the teacher reads)")
         teacher = self.teacher.apply_jax(
