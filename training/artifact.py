@@ -19,7 +19,7 @@ import numpy as np
 
 from model.configuration_bigs import BiGSConfig
 from model.convert import flax_to_torch, load_torch_safetensors, save_torch_safetensors, torch_to_flax
-from model.hub import TRAINING_CARD, write_hub_files
+from model.hub import TRAINING_CARD, Dense, write_dense, write_hub_files
 from model.tokenizer import save_tokenizer
 
 CARD = TRAINING_CARD
@@ -43,9 +43,14 @@ def write_artifact(
     card: dict,
     tokenizer=None,
     weights_storage: str = "float32",
+    embedding_dense: tuple[np.ndarray, np.ndarray] | None = None,
 ) -> Path:
     """Write an artifact dir. `weights_storage="float16"` halves model.safetensors; the model still
-    computes in fp32 everywhere (config.json's `dtype` says so to transformers)."""
+    computes in fp32 everywhere (config.json's `dtype` says so to transformers).
+
+    `embedding_dense`: (kernel (hidden_size, out), bias (out,)), applied as `pooled @ kernel + bias` to
+    the mean-pooled embedding before it is normalised; written as 2_Dense/ in torch's (out, in)
+    layout, always in float32 (it is small). None: no Dense, the embedding is the pooled vector."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     config.architectures = [architecture]
@@ -55,6 +60,11 @@ def write_artifact(
     save_torch_safetensors(flax_to_torch(host_params), out_dir / "model.safetensors", storage=weights_storage)
     save_tokenizer(out_dir, tokenizer, model_max_length=config.max_position_embeddings)
     (out_dir / CARD).write_text(json.dumps(card, indent=1, default=str) + "\n")
+    dense = None
+    if embedding_dense is not None:
+        kernel, bias = (np.asarray(jax.device_get(x), dtype=np.float32) for x in embedding_dense)
+        dense = Dense.from_kernel(kernel, bias)
+    write_dense(out_dir, dense)  # before the hub files: modules.json lists it
     write_hub_files(out_dir)  # last: the model card is written from training_card.json
     return out_dir
 
