@@ -1,6 +1,7 @@
 """`bigs export ARTIFACT_DIR OUT_DIR`: artifact dir → self-contained export dir.
 
     OUT_DIR/  config.json, model.safetensors, tokenizer files, … (the artifact's files, copied)
+              [2_Dense/ the artifact's embedding projection, copied when it has one]
               model code + auto_map, sentence-transformers files, README.md (model/hub.py)
               onnx/<bucket>.onnx [+ <bucket>.int8.onnx] + onnx/weights.bin (shared by all graphs)
               stablehlo/<head>_<bucket>.bin
@@ -20,15 +21,18 @@ read through `from_pretrained` (torch) and the safetensors keys (Flax).
 from __future__ import annotations
 
 import shutil
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from model.hub import write_hub_files
+from model.hub import DENSE_DIR, read_dense, write_hub_files
 
 from . import parity
 from .heads import LABELLED_ARCHITECTURES, heads_for
 from .integrity import file_table
 from .manifest import Int8Accuracy, Manifest, ModelInfo, Parity, TokenizerInfo, versions
+from .modules import SentenceEmbedding
+from .progress import Job, silent
 from .verify import DEFAULT_TOLERANCE
 
 DEFAULT_BUCKETS = (128, 256, 512, 1024, 2048, 4096)
@@ -123,13 +127,18 @@ def resolve_buckets(requested: list[int] | None, max_length: int) -> list[int]:
 
 
 def copy_artifact(artifact_dir: Path, out_dir: Path) -> None:
-    """The artifact's top-level files into out_dir (the export dir must be self-contained)."""
+    """The artifact's top-level files into out_dir (the export dir must be self-contained), and its
+    Dense (2_Dense/), which the embeddings head applies; an earlier export's Dense is removed when the
+    artifact has none. The other sentence-transformers dirs are written from config.json."""
     out_dir.mkdir(parents=True, exist_ok=True)
     if artifact_dir.resolve() == out_dir.resolve():
         return
     for path in artifact_dir.iterdir():
         if path.is_file():
             shutil.copy2(path, out_dir / path.name)
+    shutil.rmtree(out_dir / DENSE_DIR, ignore_errors=True)
+    if (artifact_dir / DENSE_DIR).is_dir():
+        shutil.copytree(artifact_dir / DENSE_DIR, out_dir / DENSE_DIR)
 
 
 def ensure_tokenizer(out_dir: Path, config) -> TokenizerInfo:
@@ -150,10 +159,17 @@ def ensure_tokenizer(out_dir: Path, config) -> TokenizerInfo:
     )
 
 
-def export_artifact(artifact_dir: str | Path, out_dir: str | Path, options: ExportOptions | None = None) -> Manifest:
-    """Export `artifact_dir` into `out_dir`; returns the manifest (also written to out_dir/manifest.json)."""
+def export_artifact(
+    artifact_dir: str | Path,
+    out_dir: str | Path,
+    options: ExportOptions | None = None,
+    report: Callable[[str], object] | None = None,
+) -> Manifest:
+    """Export `artifact_dir` into `out_dir`; returns the manifest (also written to out_dir/manifest.json).
+    `report(line)` gets a progress line as each bucket of each stage finishes (`bigs export` prints them)."""
     options = options or ExportOptions()
     artifact_dir, out_dir = Path(artifact_dir), Path(out_dir)
+    job = Job(f"export {artifact_dir}", emit=report or silent)  # started now: every line's "elapsed"
     if not (artifact_dir / "config.json").is_file():
         raise FileNotFoundError(f"{artifact_dir}/config.json not found: not an artifact dir")
     copy_artifact(artifact_dir, out_dir)
@@ -162,6 +178,8 @@ def export_artifact(artifact_dir: str | Path, out_dir: str | Path, options: Expo
         shutil.rmtree(out_dir / stale, ignore_errors=True)
 
     model = parity.load_reference(out_dir)  # the one torch reference of this export
+    dense = read_dense(out_dir)
+    embedding = SentenceEmbedding(dense).eval()  # the embeddings head: mean over real tokens [→ Dense]
     config = model.config
     architecture = parity.architecture_of(config)
     buckets = resolve_buckets(options.buckets, config.max_position_embeddings)
@@ -175,9 +193,10 @@ def export_artifact(artifact_dir: str | Path, out_dir: str | Path, options: Expo
             num_hidden_layers=config.num_hidden_layers,
             max_position_embeddings=config.max_position_embeddings,
             pad_token_id=config.pad_token_id,
+            embedding_size=config.hidden_size if dense is None else dense.out_features,
         ),
         heads=heads_for(architecture),
-        embeddings="mean of the last hidden state over real tokens (attention_mask = 1), before the pooler",
+        embeddings=describe_embeddings(dense),
         labels=dict(config.id2label) if architecture in LABELLED_ARCHITECTURES else None,
         tokenizer=ensure_tokenizer(out_dir, config),
         buckets=buckets,
@@ -196,27 +215,53 @@ def export_artifact(artifact_dir: str | Path, out_dir: str | Path, options: Expo
         from .onnx import export_onnx
 
         quantize = "int8" if "int8" in precisions else None
-        manifest.onnx = export_onnx(model, buckets, out_dir / "onnx", quantize=quantize)
+        onnx_lines = job.stage(len(buckets))
+        graphs = " + int8" if quantize else ""  # int8 is quantized from each bucket's graph
+        onnx_done = lambda b: onnx_lines.step(f"onnx bucket {b}{graphs}")
+        manifest.onnx = export_onnx(
+            model, buckets, out_dir / "onnx", quantize=quantize, embedding=embedding, done=onnx_done
+        )
     if "stablehlo" in options.formats:
         from model.convert import load_torch_safetensors
 
         from .stablehlo import export_stablehlo
 
         state = load_torch_safetensors(out_dir / "model.safetensors")
+        hlo_lines = job.stage(len(buckets) * len(manifest.heads))  # a file per head and bucket
+        hlo_done = lambda head, b: hlo_lines.step(f"stablehlo {head} bucket {b}")
         manifest.stablehlo = export_stablehlo(
-            config, state, architecture, buckets, out_dir, embed_weights=options.embed_weights
+            config,
+            state,
+            architecture,
+            buckets,
+            out_dir,
+            embed_weights=options.embed_weights,
+            done=hlo_done,
+            dense=dense,
         )
 
-    record_parity(
-        manifest, parity.measure_export(out_dir, manifest, parity.references(model, manifest), options.tolerance)
-    )
+    parity_lines = job.stage(1)
+    refs = parity.references(model, manifest, embedding)
+    record_parity(manifest, parity.measure_export(out_dir, manifest, refs, options.tolerance))
+    parity_lines.step(f"parity of every file against torch {'passed' if manifest.parity.passed else 'FAILED'}")
     if precisions:
         from .gate import measure_variants
 
-        measure_variants(out_dir, manifest, precisions)
+        measure_variants(out_dir, manifest, precisions, job=job)
     record_hashes(manifest, out_dir)
     manifest.write(out_dir)
     return manifest
+
+
+def describe_embeddings(dense) -> str:
+    """The manifest's `embeddings`: what the embeddings head computes."""
+    pooled = "mean of the last hidden state over real tokens (attention_mask = 1), before the pooler"
+    if dense is None:
+        return pooled
+    return (
+        f"{pooled}, then {DENSE_DIR} (sentence-transformers' Dense, identity activation): "
+        f"a linear map {dense.in_features} → {dense.out_features}"
+    )
 
 
 def record_parity(manifest: Manifest, report: parity.ParityReport) -> None:

@@ -5,7 +5,7 @@ StableHLO loaders, `bigs export --verify`, the service) calls `read_manifest(dir
 the object down. What it records:
 
     format_version  FORMAT_VERSION; a dir written by another version is refused with a clear message
-    model           name, architecture and sizes
+    model           name, architecture and sizes, and the width of the embeddings it serves
     heads           what the dir serves (export/heads.py): ["fill-mask" | "classification", "embeddings"]
     labels          id → label of a classifier
     tokenizer       the tokenizer files in the dir and where they came from
@@ -33,7 +33,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from .heads import Head
 
@@ -56,6 +56,16 @@ class ModelInfo(_Section):
     num_hidden_layers: int
     max_position_embeddings: int
     pad_token_id: int | None = None
+    # The embeddings head's width: hidden_size, or the output width of the dir's 2_Dense (model/hub.py).
+    # A manifest written before the field existed has no Dense, so it reads as hidden_size.
+    embedding_size: int
+
+    @model_validator(mode="before")
+    @classmethod
+    def _embedding_size_defaults_to_hidden_size(cls, data):
+        if isinstance(data, dict) and data.get("embedding_size") is None and "hidden_size" in data:
+            data = {**data, "embedding_size": data["hidden_size"]}
+        return data
 
 
 class TokenizerInfo(_Section):
@@ -217,9 +227,10 @@ class OnnxSection(_Section):
 
 
 class ParamLeaf(_Section):
-    """One leaf of the flat StableHLO parameter list: the safetensors key it is read from."""
+    """One leaf of the flat StableHLO parameter list: the safetensors file and key it is read from."""
 
     path: str
+    file: str = "model.safetensors"  # relative to the export dir; a Dense's: 2_Dense/model.safetensors
     key: str
     transpose: bool
     shape: list[int]

@@ -21,7 +21,10 @@ anti-causal twin (Tᵀ, or the mirrored chunked constants), so the graph holds n
                     input_ids, attention_mask, token_type_ids (B, L) → logits (B, L, 2 | num_labels), embeddings (B, d)
 
 `embeddings` is the mean of the last hidden state over real tokens (attention_mask = 1), before the
-pooler's dense + tanh: the sentence embedding of the backbone, the same for both architectures.
+pooler's dense + tanh: the sentence embedding of the backbone, the same for every architecture; in a
+dir that carries sentence-transformers' 2_Dense (model/hub.py), then that linear map, so d above is
+the Dense's output width. `SentenceEmbedding` is that computation in torch: the graphs, the parity
+reference and the torch runtime all use it.
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from model.hub import Dense, read_dense
 from model.modeling_bigs import (
     BiGSForMaskedLM,
     BiGSForQuestionAnswering,
@@ -254,6 +258,34 @@ def frozen_ssms(model: nn.Module, length: int, formulation: Formulation) -> Iter
 
 
 # --------------------------------------------------------------------------------------------
+# The embeddings head
+# --------------------------------------------------------------------------------------------
+
+
+class SentenceEmbedding(nn.Module):
+    """(last hidden state (B, L, d), attention_mask (B, L)) → (B, d_out): the mean over real tokens, then
+    the dir's Dense when it has one (d_out its width, else d_out = d). Not normalised: the service
+    normalises, as sentence-transformers' Normalize module does after the Dense."""
+
+    def __init__(self, dense: Dense | None = None):
+        super().__init__()
+        self.linear = None
+        if dense is not None:
+            self.linear = nn.Linear(dense.in_features, dense.out_features)
+            with torch.no_grad():
+                self.linear.weight.copy_(torch.from_numpy(dense.weight))
+                self.linear.bias.copy_(torch.from_numpy(dense.bias))
+
+    @classmethod
+    def of_dir(cls, model_dir) -> SentenceEmbedding:
+        return cls(read_dense(model_dir)).eval()
+
+    def forward(self, hidden: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        pooled = mean_pool(hidden, attention_mask)
+        return pooled if self.linear is None else self.linear(pooled)
+
+
+# --------------------------------------------------------------------------------------------
 # Head wrappers: the exported signatures
 # --------------------------------------------------------------------------------------------
 
@@ -267,9 +299,10 @@ class FillMaskExport(nn.Module):
     input_names = SIGNATURES["fill-mask"].inputs
     output_names = (SIGNATURES["fill-mask"].output, SIGNATURES["embeddings"].output)
 
-    def __init__(self, model: BiGSForMaskedLM):
+    def __init__(self, model: BiGSForMaskedLM, embedding: SentenceEmbedding | None = None):
         super().__init__()
         self.model = model
+        self.embedding = embedding if embedding is not None else SentenceEmbedding()
         self.vocab_size = model.config.vocab_size
 
     def forward(self, input_ids, attention_mask, token_type_ids, mask_positions):
@@ -283,7 +316,7 @@ class FillMaskExport(nn.Module):
         logits = self.model.cls(at_positions)  # (B·P, vocab)
         B, P = mask_positions.shape
         logits = logits.reshape(B, P, self.vocab_size)  # (B, P, vocab); static vocab so P = 0 works
-        return logits, mean_pool(X, attention_mask)
+        return logits, self.embedding(X, attention_mask)
 
 
 class ClassificationExport(nn.Module):
@@ -292,9 +325,10 @@ class ClassificationExport(nn.Module):
     input_names = SIGNATURES["classification"].inputs
     output_names = (SIGNATURES["classification"].output, SIGNATURES["embeddings"].output)
 
-    def __init__(self, model: BiGSForSequenceClassification):
+    def __init__(self, model: BiGSForSequenceClassification, embedding: SentenceEmbedding | None = None):
         super().__init__()
         self.model = model
+        self.embedding = embedding if embedding is not None else SentenceEmbedding()
 
     def forward(self, input_ids, attention_mask, token_type_ids):
         X = self.model.bigs(
@@ -302,16 +336,19 @@ class ClassificationExport(nn.Module):
         ).last_hidden_state  # (B, L, d)
         pooled = self.model.bigs.pooler(X, attention_mask)  # mean over real tokens → dense → tanh
         logits = self.model.classifier(pooled)  # dropout is identity in eval
-        return logits, mean_pool(X, attention_mask)
+        return logits, self.embedding(X, attention_mask)
 
 
 class PerTokenExport(nn.Module):
     """(input_ids, attention_mask, token_type_ids) → (logits (B, L, k), embeddings (B, d)), k = 2 (start,
     end) for question answering, num_labels for token classification: the head's Dense on every position."""
 
-    def __init__(self, model: BiGSForQuestionAnswering | BiGSForTokenClassification):
+    def __init__(
+        self, model: BiGSForQuestionAnswering | BiGSForTokenClassification, embedding: SentenceEmbedding | None = None
+    ):
         super().__init__()
         self.model = model
+        self.embedding = embedding if embedding is not None else SentenceEmbedding()
         head = "question-answering" if isinstance(model, BiGSForQuestionAnswering) else "token-classification"
         self.input_names = SIGNATURES[head].inputs
         self.output_names = (SIGNATURES[head].output, SIGNATURES["embeddings"].output)
@@ -321,14 +358,15 @@ class PerTokenExport(nn.Module):
         X = self.model.bigs(
             input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids, return_dict=True
         ).last_hidden_state  # (B, L, d)
-        return self.dense(X), mean_pool(X, attention_mask)  # dropout is identity in eval
+        return self.dense(X), self.embedding(X, attention_mask)  # dropout is identity in eval
 
 
-def export_wrapper(model: nn.Module) -> nn.Module:
+def export_wrapper(model: nn.Module, embedding: SentenceEmbedding | None = None) -> nn.Module:
+    """The head wrapper of `model`; `embedding` the dir's (`SentenceEmbedding.of_dir`), default the mean."""
     if isinstance(model, BiGSForMaskedLM):
-        return FillMaskExport(model).eval()
+        return FillMaskExport(model, embedding).eval()
     if isinstance(model, BiGSForSequenceClassification):
-        return ClassificationExport(model).eval()
+        return ClassificationExport(model, embedding).eval()
     if isinstance(model, BiGSForQuestionAnswering | BiGSForTokenClassification):
-        return PerTokenExport(model).eval()
+        return PerTokenExport(model, embedding).eval()
     raise TypeError(f"no export wrapper for {type(model).__name__}")

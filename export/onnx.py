@@ -30,6 +30,7 @@ import os
 import tempfile
 import warnings
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -41,7 +42,7 @@ from onnx import numpy_helper
 
 from .heads import MASK_POSITIONS
 from .manifest import OnnxSection
-from .modules import Formulation, export_wrapper, formulation_for, frozen_ssms
+from .modules import Formulation, SentenceEmbedding, export_wrapper, formulation_for, frozen_ssms
 
 ONNX_OPSET = 20  # Gelu is a native op from opset 20
 # Models with attention routing (docs/DESIGN.md §2.7): from opset 23 the exporter writes
@@ -82,10 +83,17 @@ def example_inputs(wrapper: torch.nn.Module, length: int, batch: int = 2, positi
     return ids, mask, types
 
 
-def torch_to_onnx(model: torch.nn.Module, length: int, formulation: Formulation, path: Path) -> None:
-    """Export `model` (BiGSForMaskedLM / BiGSForSequenceClassification) for sequence length `length`."""
+def torch_to_onnx(
+    model: torch.nn.Module,
+    length: int,
+    formulation: Formulation,
+    path: Path,
+    embedding: SentenceEmbedding | None = None,
+) -> None:
+    """Export `model` (BiGSForMaskedLM / BiGSForSequenceClassification) for sequence length `length`;
+    `embedding` is the dir's embeddings head (its Dense, if any), the plain mean by default."""
     with frozen_ssms(model, length, formulation):
-        wrapper = export_wrapper(model)
+        wrapper = export_wrapper(model, embedding)
         dynamo_export(wrapper, example_inputs(wrapper, length), path, opset_for(model))
 
 
@@ -330,9 +338,17 @@ def finish_graph(src: Path, dst: Path, weights: WeightsFileWriter) -> dict:
     return {"shared_initializers": shared, "op_types": dict(sorted(ops.items())), **io_spec(model)}
 
 
-def export_onnx(model: torch.nn.Module, buckets: list[int], onnx_dir: Path, quantize: str | None = None) -> OnnxSection:
+def export_onnx(
+    model: torch.nn.Module,
+    buckets: list[int],
+    onnx_dir: Path,
+    quantize: str | None = None,
+    embedding: SentenceEmbedding | None = None,
+    done: Callable[[int], object] | None = None,
+) -> OnnxSection:
     """Export every bucket into `onnx_dir`; returns the manifest's onnx section (files relative to
-    the export dir; hashes and parity are added by the caller)."""
+    the export dir; hashes and parity are added by the caller). `embedding`: as for `torch_to_onnx`.
+    `done(bucket)` is called as each bucket's graphs are written (the export's progress lines)."""
     onnx_dir.mkdir(parents=True, exist_ok=True)
     weights = WeightsFileWriter(onnx_dir / WEIGHTS_FILE)
     section = {
@@ -347,7 +363,7 @@ def export_onnx(model: torch.nn.Module, buckets: list[int], onnx_dir: Path, quan
         for length in buckets:
             formulation = formulation_for(length, model.config.routing)
             raw, optimized = tmp / f"{length}.raw.onnx", tmp / f"{length}.opt.onnx"
-            torch_to_onnx(model, length, formulation, raw)
+            torch_to_onnx(model, length, formulation, raw, embedding)
             ort_optimize(raw, optimized)
             entry = {"file": f"onnx/{length}.onnx", **formulation.as_dict()}
             entry.update(finish_graph(optimized, onnx_dir / f"{length}.onnx", weights))
@@ -361,5 +377,7 @@ def export_onnx(model: torch.nn.Module, buckets: list[int], onnx_dir: Path, quan
             section["buckets"][str(length)] = entry
             for f in tmp.iterdir():  # keep the temp dir small for big models
                 os.remove(f)
+            if done is not None:
+                done(length)
     section["weights"] = weights.tensors
     return OnnxSection.model_validate(section)

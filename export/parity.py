@@ -26,11 +26,11 @@ from model.modeling_bigs import (
     BiGSForQuestionAnswering,
     BiGSForSequenceClassification,
     BiGSForTokenClassification,
-    mean_pool,
 )
 
 from .heads import MASK_POSITIONS, SEQUENCE_INPUTS
 from .manifest import Manifest, Measured
+from .modules import SentenceEmbedding
 
 POSITIONS_PER_SEQUENCE = 3
 ARCHITECTURES = {
@@ -95,11 +95,15 @@ References = dict[int, dict[str, Reference]]  # {bucket: {case: {"inputs": …, 
 
 
 @torch.no_grad()
-def reference_outputs(model: torch.nn.Module, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """{"logits", "embeddings"} of the torch reference for one case (fill-mask logits at mask_positions)."""
+def reference_outputs(
+    model: torch.nn.Module, inputs: dict[str, np.ndarray], embedding: SentenceEmbedding | None = None
+) -> dict[str, np.ndarray]:
+    """{"logits", "embeddings"} of the torch reference for one case (fill-mask logits at mask_positions);
+    `embedding` the dir's embeddings head (`SentenceEmbedding.of_dir`: its Dense, if any)."""
+    embedding = embedding if embedding is not None else SentenceEmbedding()
     ids, mask, types = (torch.from_numpy(inputs[k]) for k in SEQUENCE_INPUTS)
     hidden = model.bigs(ids, attention_mask=mask, token_type_ids=types, return_dict=True).last_hidden_state
-    out = {"embeddings": mean_pool(hidden, mask).numpy()}
+    out = {"embeddings": embedding(hidden, mask).numpy()}
     if isinstance(model, BiGSForMaskedLM):
         positions = torch.from_numpy(inputs[MASK_POSITIONS])
         logits = model(ids, attention_mask=mask, token_type_ids=types, logits_positions=positions).logits
@@ -112,14 +116,16 @@ def reference_outputs(model: torch.nn.Module, inputs: dict[str, np.ndarray]) -> 
     return out
 
 
-def references(model: torch.nn.Module, manifest: Manifest) -> References:
-    """The reference's outputs on every bucket's cases (the model is loaded by the caller, once)."""
+def references(model: torch.nn.Module, manifest: Manifest, embedding: SentenceEmbedding | None = None) -> References:
+    """The reference's outputs on every bucket's cases (the model and its embeddings head are loaded by
+    the caller, once)."""
     config = model.config
     refs: References = {}
     for bucket in manifest.buckets:
         cases = parity_cases(config.vocab_size, config.type_vocab_size, bucket, manifest.parity.seed)
         refs[bucket] = {
-            case: {"inputs": inputs, "outputs": reference_outputs(model, inputs)} for case, inputs in cases.items()
+            case: {"inputs": inputs, "outputs": reference_outputs(model, inputs, embedding)}
+            for case, inputs in cases.items()
         }
     return refs
 

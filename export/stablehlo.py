@@ -17,7 +17,9 @@ closes over them instead: self-contained artifacts, each as large as the model.
 
 Heads: fill-mask → logits (b, p, vocab) at `mask_positions`; classification → logits
 (b, num_labels); embeddings → mean of the last hidden state over real tokens (b, d), before the
-pooler, as in the ONNX graphs.
+pooler, as in the ONNX graphs, then the dir's 2_Dense when it has one (b, d_out). The Dense's
+kernel and bias are parameters like the others, read from 2_Dense/model.safetensors (the
+manifest's `file` of each leaf).
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ import numpy as np
 
 from model.configuration_bigs import BiGSConfig
 from model.convert import flax_path_to_torch_key, torch_to_flax
+from model.hub import DENSE_BIAS_KEY, DENSE_WEIGHT_KEY, DENSE_WEIGHTS, Dense
 from model.modeling_flax_bigs import (
     FlaxBiGSForMaskedLMModule,
     FlaxBiGSForQuestionAnsweringModule,
@@ -45,6 +48,9 @@ from .manifest import StableHLOSection
 
 PLATFORMS = ("cpu", "cuda", "tpu")  # lowered for all where this jax can; cpu alone otherwise
 INPUT_DTYPE = jnp.int32
+# The Dense's leaves in the embeddings head's parameter tree, beside the backbone's: a name no
+# backbone module has, so the two never mix.
+DENSE_PARAMS = "2_Dense"
 
 
 # --------------------------------------------------------------------------------------------
@@ -52,9 +58,12 @@ INPUT_DTYPE = jnp.int32
 # --------------------------------------------------------------------------------------------
 
 
-def head_spec(config: BiGSConfig, head: str) -> tuple[Callable, Callable[[Mapping], dict], tuple, tuple]:
+def head_spec(
+    config: BiGSConfig, head: str, dense: Dense | None = None
+) -> tuple[Callable, Callable[[Mapping], dict], tuple, tuple]:
     """(apply(tree, *inputs) → outputs, select(full tree) → the subtree the head needs, input names,
-    output names); names as export/heads.py defines them."""
+    output names); names as export/heads.py defines them. `dense`: the dir's Dense, which the
+    embeddings head applies after the mean."""
     sig = signature(head)
 
     def without_pooler(tree):
@@ -101,10 +110,20 @@ def head_spec(config: BiGSConfig, head: str) -> tuple[Callable, Callable[[Mappin
         module = FlaxBiGSModule(config, add_pooling_layer=False)
 
         def apply(tree, input_ids, attention_mask, token_type_ids):
-            X, _, _ = module.apply({"params": tree}, input_ids, attention_mask, token_type_ids)
-            return {sig.output: mean_pool(X, attention_mask)}
+            backbone = {k: v for k, v in tree.items() if k != DENSE_PARAMS}
+            X, _, _ = module.apply({"params": backbone}, input_ids, attention_mask, token_type_ids)
+            pooled = mean_pool(X, attention_mask)
+            if DENSE_PARAMS in tree:
+                pooled = pooled @ tree[DENSE_PARAMS]["kernel"] + tree[DENSE_PARAMS]["bias"]
+            return {sig.output: pooled}
 
-        return apply, without_pooler, sig.inputs, (sig.output,)
+        def select(full):
+            tree = without_pooler(full)
+            if dense is not None:  # the kernel (in, out), as Flax stores a Dense: x @ kernel
+                tree[DENSE_PARAMS] = {"kernel": dense.weight.T, "bias": dense.bias}
+            return tree
+
+        return apply, select, sig.inputs, (sig.output,)
     raise ValueError(f"unknown head {head!r}")
 
 
@@ -137,10 +156,14 @@ def param_layout(head_tree: Mapping, root: tuple[str, ...]) -> list[dict]:
     the embeddings head, whose tree is the backbone alone)."""
     layout = []
     for path, array in flatten_params(head_tree):
-        key, transpose = flax_path_to_torch_key(root + path)
-        layout.append(
-            {"path": "/".join(path), "key": key, "transpose": transpose, "shape": list(array.shape), "dtype": "float32"}
-        )
+        leaf = {"path": "/".join(path), "shape": list(array.shape), "dtype": "float32"}
+        if path[0] == DENSE_PARAMS:  # sentence-transformers' file: torch layout, weight (out, in)
+            kernel = path[-1] == "kernel"
+            leaf.update(file=DENSE_WEIGHTS, key=DENSE_WEIGHT_KEY if kernel else DENSE_BIAS_KEY, transpose=kernel)
+        else:
+            key, transpose = flax_path_to_torch_key(root + path)
+            leaf.update(key=key, transpose=transpose)
+        layout.append(leaf)
     return layout
 
 
@@ -158,7 +181,7 @@ def input_specs(length: int, input_names: tuple) -> list[jax.ShapeDtypeStruct]:
 
 
 def export_one(config, head, length, head_tree, embed_weights: bool, platforms) -> jax.export.Exported:
-    apply, _, input_names, output_names = head_spec(config, head)
+    apply, _, input_names, output_names = head_spec(config, head)  # apply needs no Dense: it is in head_tree
     leaves = flatten_params(head_tree)
     paths = [p for p, _ in leaves]
     inputs = input_specs(length, input_names)
@@ -186,15 +209,19 @@ def export_stablehlo(
     buckets: list[int],
     out_dir: Path,
     embed_weights: bool = False,
+    dense: Dense | None = None,
+    done: Callable[[str, int], object] | None = None,
 ) -> StableHLOSection:
-    """Write stablehlo/<head>_<bucket>.bin for every head and bucket; returns the manifest section."""
+    """Write stablehlo/<head>_<bucket>.bin for every head and bucket; returns the manifest section.
+    `dense`: the dir's Dense (model/hub.py `read_dense`), applied by the embeddings head. `done(head,
+    bucket)` is called as each file is written (the export's progress lines)."""
     hlo_dir = out_dir / "stablehlo"
     hlo_dir.mkdir(parents=True, exist_ok=True)
     full_tree = torch_to_flax(state_dict)
     platforms, platform_note = list(PLATFORMS), None
     section = {"weights": "embedded" if embed_weights else "arguments", "heads": {}}
     for head in heads_for(architecture):
-        _, select, input_names, output_names = head_spec(config, head)
+        _, select, input_names, output_names = head_spec(config, head, dense)
         head_tree = select(full_tree)
         root = ("s4_bert",) if head == "embeddings" else ()
         entry = {
@@ -221,6 +248,8 @@ def export_stablehlo(
                 "in_shapes": [str(a) for a in exported.in_avals],
                 "out_shapes": [str(a) for a in exported.out_avals],
             }
+            if done is not None:
+                done(head, length)
         section["heads"][head] = entry
     section["platforms"] = platforms
     if platform_note:

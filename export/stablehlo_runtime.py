@@ -28,31 +28,30 @@ _FUNCTIONS: dict[str, tuple] = {}
 
 
 class ParamStore:
-    """Device arrays of one export dir's weights, each created once (keyed by safetensors key + transpose)."""
+    """Device arrays of one export dir's weights, each created once (keyed by safetensors file, key and
+    transpose). The files are model.safetensors and, in a dir with a Dense, 2_Dense/model.safetensors."""
 
     def __init__(self, export_dir: str | Path):
         self.export_dir = Path(export_dir)
-        self._arrays: dict[tuple[str, bool], jax.Array] = {}
-        self._file = None
+        self._arrays: dict[tuple[str, str, bool], jax.Array] = {}
+        self._files: dict[str, object] = {}
 
-    def get(self, key: str, transpose: bool) -> jax.Array:
-        if (key, transpose) not in self._arrays:
-            if self._file is None:
+    def get(self, key: str, transpose: bool, file: str = "model.safetensors") -> jax.Array:
+        if (file, key, transpose) not in self._arrays:
+            if file not in self._files:
                 from safetensors import safe_open
 
-                self._file = safe_open(str(self.export_dir / "model.safetensors"), framework="numpy")
-            array = self._file.get_tensor(key).astype(np.float32)
-            self._arrays[(key, transpose)] = jax.device_put(np.ascontiguousarray(array.T if transpose else array))
-        return self._arrays[(key, transpose)]
+                self._files[file] = safe_open(str(self.export_dir / file), framework="numpy")
+            array = self._files[file].get_tensor(key).astype(np.float32)
+            self._arrays[(file, key, transpose)] = jax.device_put(np.ascontiguousarray(array.T if transpose else array))
+        return self._arrays[(file, key, transpose)]
 
     def params(self, layout: list[ParamLeaf]) -> list[jax.Array]:
         arrays = []
         for leaf in layout:
-            array = self.get(leaf.key, leaf.transpose)
+            array = self.get(leaf.key, leaf.transpose, leaf.file)
             if list(array.shape) != leaf.shape:
-                raise ValueError(
-                    f"{leaf.key}: shape {list(array.shape)} in model.safetensors, manifest says {leaf.shape}"
-                )
+                raise ValueError(f"{leaf.key}: shape {list(array.shape)} in {leaf.file}, manifest says {leaf.shape}")
             arrays.append(array)
         return arrays
 

@@ -39,6 +39,7 @@ from . import parity
 from .cpu import cpu_description
 from .integrity import check_files, unlisted_files
 from .manifest import GateMeasured, Manifest, PrecisionVariant, read_manifest
+from .modules import SentenceEmbedding
 
 DEFAULT_TOLERANCE = 1e-4
 
@@ -82,7 +83,8 @@ def verify(export_dir: str | Path, tolerance: float = DEFAULT_TOLERANCE, parity_
     if not report.ok:
         report.notes.append("parity and accuracy gate not measured: the files are not the ones exported")
         return report
-    refs = parity.references(parity.load_reference(export_dir), manifest)
+    embedding = SentenceEmbedding.of_dir(export_dir)  # its Dense, if the dir has one
+    refs = parity.references(parity.load_reference(export_dir), manifest, embedding)
     report.parity = parity.measure_export(export_dir, manifest, refs, tolerance)
     report.failures += report.parity.breaches
     report.int8_recorded_top1 = {

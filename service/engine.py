@@ -139,7 +139,7 @@ class ModelEngine:
         )
         self.batcher = ModelBatcher(name, self.runtime, settings, metrics)
         self.loaded_at = int(time.time())
-        self.dimensions = manifest.model.hidden_size
+        self.dimensions = manifest.model.embedding_size  # hidden_size, or the width of the dir's 2_Dense
 
     def card(self) -> ModelCard:
         return ModelCard(
@@ -148,6 +148,7 @@ class ModelEngine:
             tasks=self.heads,  # the public API's word for a head
             labels=[self.id2label[i] for i in sorted(self.id2label)] if self.id2label else None,
             max_length=self.max_length,
+            dimensions=self.dimensions if "embeddings" in self.heads else None,
             buckets=self.buckets,
             runtime=self.runtime.kind,
             precision=self.runtime.precision,
@@ -156,9 +157,10 @@ class ModelEngine:
 
     # -- lifecycle --------------------------------------------------------------------------
 
-    def warm_up(self) -> int:
-        """Run every shape the batcher can emit (blocking); the number of shapes."""
-        self.batcher.warm_up()
+    def warm_up(self, done: Callable[[int, int], object] | None = None) -> int:
+        """Run every shape the batcher can emit (blocking); the number of shapes. `done(bucket, shapes)`
+        after each bucket (the start-up's progress lines)."""
+        self.batcher.warm_up(done)
         return len(self.batcher.shapes())
 
     def start(self) -> None:

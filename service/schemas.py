@@ -248,6 +248,7 @@ class ModelCard(BaseModel):
     tasks: list[str] = Field(default_factory=list, description="the heads it serves")
     labels: list[str] | None = None
     max_length: int | None = None
+    dimensions: int | None = Field(None, description="the width of its embeddings (/v1/embeddings `dimensions`)")
     buckets: list[int] | None = None
     runtime: str | None = None
     precision: str | None = Field(

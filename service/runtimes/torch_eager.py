@@ -9,7 +9,7 @@ import torch
 
 from export.heads import MASK_POSITIONS, SEQUENCE_INPUTS
 from export.manifest import Manifest
-from model.modeling_bigs import mean_pool
+from export.modules import SentenceEmbedding
 
 AUTO_CLASS_OF_HEAD = {
     "fill-mask": "AutoModelForMaskedLM",
@@ -35,6 +35,7 @@ class TorchRuntime:
         self.precisions = dict.fromkeys(self.buckets, self.precision)
         loader = getattr(transformers, AUTO_CLASS_OF_HEAD[self.heads[0]])  # the model's own head comes first
         self.model = loader.from_pretrained(str(export_dir), ssm_formulation="fft").eval()
+        self.embedding = SentenceEmbedding.of_dir(export_dir)  # the mean, then the dir's Dense if it has one
 
     @torch.inference_mode()
     def run(self, head: str, bucket: int, inputs: dict[str, np.ndarray]) -> np.ndarray:
@@ -48,4 +49,4 @@ class TorchRuntime:
             spans = self.model(**feeds)
             return torch.stack([spans.start_logits, spans.end_logits], dim=-1).numpy()
         hidden = self.model.bigs(**feeds).last_hidden_state
-        return mean_pool(hidden, feeds["attention_mask"]).numpy()
+        return self.embedding(hidden, feeds["attention_mask"]).numpy()
