@@ -199,6 +199,10 @@ def architecture_of_flax_tree(params: dict) -> str:
 
 def cmd_export(args: argparse.Namespace) -> None:
     # The dirs given are checked before torch and the exporters are imported (seconds): a typo fails at once.
+    # Then quiet(), before any exporter runs: torch.onnx, ORT and transformers would otherwise fill the
+    # console with lines that say nothing to the user (export/quiet.py drops those, and only those).
+    from export.quiet import quiet
+
     if args.verify:
         from export.manifest import ManifestError, read_manifest
 
@@ -207,6 +211,7 @@ def cmd_export(args: argparse.Namespace) -> None:
         except ManifestError as error:  # not an export dir, or a manifest this version cannot read
             fail("export", str(error))
 
+        quiet()
         from export.verify import format_report, verify
 
         report = verify(args.paths[0], tolerance=args.tolerance)
@@ -218,6 +223,7 @@ def cmd_export(args: argparse.Namespace) -> None:
     if not (Path(args.paths[0]) / "config.json").is_file():
         fail("export", f"{args.paths[0]}: not an artifact dir (no config.json)")
 
+    quiet()
     from export.build import ExportOptions, export_artifact, parse_precisions, summary
 
     options = ExportOptions(
@@ -229,7 +235,9 @@ def cmd_export(args: argparse.Namespace) -> None:
         embed_weights=args.embed_weights,
         tolerance=args.tolerance,
     )
-    manifest = export_artifact(args.paths[0], args.paths[1], options)
+    # a line per bucket of each stage as it finishes, flushed at once so a log that is not a terminal
+    # (docker, CI, a file) shows it live
+    manifest = export_artifact(args.paths[0], args.paths[1], options, report=lambda line: print(line, flush=True))
     print(summary(manifest, args.paths[1]))
     if not manifest.parity.passed:
         print(f"FAILED: parity above tolerance {options.tolerance:g}: {manifest.parity.breaches}", file=sys.stderr)

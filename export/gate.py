@@ -47,6 +47,7 @@ from .cpu import cpu_description
 from .heads import MASK_POSITIONS, primary_head
 from .latency import measure_latency, one_request
 from .manifest import AccuracyGate, GateMeasured, GateThresholds, Manifest, PrecisionVariant
+from .progress import Job, Progress
 
 GATE_TEXT = "gate_text.txt"
 MASK_EVERY = 7  # every 7th real token is masked: ~14%, near BERT's 15%
@@ -265,23 +266,41 @@ def gate_inputs(export_dir: str | Path, manifest: Manifest) -> GateInputs:
 
 
 def measure_variant(
-    inputs: GateInputs, variant: VariantRunner, thresholds: GateThresholds, buckets: list[int] | None = None
+    inputs: GateInputs,
+    variant: VariantRunner,
+    thresholds: GateThresholds,
+    buckets: list[int] | None = None,
+    done: Callable[[int, GateMeasured], object] | None = None,
 ) -> dict[int, GateMeasured]:
     """The gate of one variant at each of `buckets` (default: every bucket of the dir), against `thresholds`:
-    what export records and what `bigs export --verify` measures again."""
-    return {
-        bucket: measure_gate(inputs.tokenizer, bucket, inputs.head, inputs.reference, variant.run, thresholds)
-        for bucket in (buckets or inputs.manifest.buckets)
-    }
+    what export records and what `bigs export --verify` measures again. `done(bucket, measured)` is
+    called as each bucket's gate is measured (the export's progress lines)."""
+    measured = {}
+    for bucket in buckets or inputs.manifest.buckets:
+        measured[bucket] = measure_gate(
+            inputs.tokenizer, bucket, inputs.head, inputs.reference, variant.run, thresholds
+        )
+        if done is not None:
+            done(bucket, measured[bucket])
+    return measured
 
 
-def measure_variants(export_dir, manifest: Manifest, precisions, thresholds: GateThresholds | None = None) -> None:
+def gate_lines(progress: Progress, precision: str) -> Callable[[int, GateMeasured], object]:
+    """`done` for `measure_variant`: a progress line per bucket with the gate's verdict there."""
+    return lambda bucket, m: progress.step(f"{precision} gate bucket {bucket} {'passed' if m.passed else 'FAILED'}")
+
+
+def measure_variants(
+    export_dir, manifest: Manifest, precisions, thresholds: GateThresholds | None = None, job: Job | None = None
+) -> None:
     """Measure each of `precisions` against the fp32 graphs on the gate's text and record it in
     `manifest.precisions` (and the gate's text and thresholds in `manifest.gate`). A variant that cannot
     run as itself here (bf16 without OpenVINO, or on a CPU without bf16) is not recorded, and export says why.
     Then time fp32 and every recorded variant per bucket with the same runners, on this CPU
-    (`manifest.latency`, export/latency.py): what `auto` ranks the variants by on a CPU like this one."""
+    (`manifest.latency`, export/latency.py): what `auto` ranks the variants by on a CPU like this one.
+    `job`: where a progress line goes as each bucket's gate and the timing finish (none by default)."""
     thresholds = thresholds or GateThresholds()
+    job = job or Job("gate")
     manifest.gate = AccuracyGate(
         text=f"export/assets/{GATE_TEXT}",
         text_sha256=gate_text_sha256(),
@@ -296,7 +315,9 @@ def measure_variants(export_dir, manifest: Manifest, precisions, thresholds: Gat
         except VariantUnavailable as why:
             print(f"{precision} not recorded: {why}, so its accuracy cannot be measured here")
             continue
-        gate = measure_variant(inputs, variant, thresholds)
+        gate = measure_variant(
+            inputs, variant, thresholds, done=gate_lines(job.stage(len(manifest.buckets)), precision)
+        )
         manifest.precisions[precision] = PrecisionVariant(
             runtime=variant.runtime,
             graphs=variant.graphs,
@@ -308,4 +329,6 @@ def measure_variants(export_dir, manifest: Manifest, precisions, thresholds: Gat
         runners[precision] = variant.run
     fill_mask = inputs.head == "fill-mask"
     feeds = {b: one_request(gate_batches(inputs.tokenizer, b, fill_mask)[0]) for b in manifest.buckets}
+    timing = job.stage(1)
     manifest.latency = measure_latency(runners, feeds)
+    timing.step(f"latency of {', '.join(runners)} at {len(feeds)} buckets")

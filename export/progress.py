@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 
 
 def seconds(value: float, precise: bool = False) -> str:
@@ -68,3 +69,21 @@ class Progress:
             line += f", ~{seconds(per_weight * sum(self.weights[self.done :]))} left"
         self.emit(line)
         return line
+
+
+def silent(line: str) -> None:
+    """Where the lines of a job nobody watches go (a library call, a test): nowhere."""
+
+
+@dataclass
+class Job:
+    """What every stage of one job shares: its name (each line's prefix), where its lines go, and when
+    it started (each line's "elapsed")."""
+
+    name: str
+    emit: Callable[[str], object] = silent
+    started: float = field(default_factory=time.perf_counter)
+
+    def stage(self, weights: int | Sequence[float]) -> Progress:
+        """A stage of this job: `weights` its steps (a count, or each one's weight)."""
+        return Progress(self.name, weights, self.emit, self.started)
