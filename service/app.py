@@ -41,17 +41,25 @@ OpenAI's `POST /v1/embeddings` and `GET /v1/models`, and text-embeddings-inferen
 route but /health and /ready needs `Authorization: Bearer <key>`."""
 
 
-def create_app(settings: ServiceSettings | None = None, on_fatal: Callable[[str], None] | None = None) -> FastAPI:
+def create_app(
+    settings: ServiceSettings | None = None,
+    on_fatal: Callable[[str], None] | None = None,
+    started: float | None = None,
+) -> FastAPI:
     """The app. `on_fatal(line)`: called when the models cannot be served (one line: which model
-    failed and why); without it the line is logged and the process stays up, /ready saying why."""
+    failed and why); without it the line is logged and the process stays up, /ready saying why.
+    `started`: when the process started (time.perf_counter), what the ready line's time counts from."""
     settings = settings or ServiceSettings()
-    state = ServiceState(settings)
+    state = ServiceState(settings, started)
     telemetry = Telemetry(state.metrics, settings.access_log, tracing_from_environment(VERSION))
 
     async def load_then_ready():
         try:
             await asyncio.to_thread(state.load)
             state.start()
+            if state.ready:  # the user's first sign that requests are answered now: where, what, how soon
+                for line in state.ready_lines():
+                    log.info(line)
         except Exception as error:
             state.load_error = error.public if isinstance(error, LoadFailed) else "model loading failed"
             line = str(error) if isinstance(error, LoadFailed) else f"model loading failed: {one_line(error)}"

@@ -137,10 +137,17 @@ class ModelBatcher:
                     failed += 1
         return failed
 
-    def warm_up(self) -> None:
-        """Run every shape once (blocking; called before the service says ready)."""
-        for head, bucket, batch in self.shapes():
-            self.runtime.run(head, bucket, placeholder_inputs(head, batch, bucket))
+    def warm_up(self, done: Callable[[int, int], object] | None = None) -> None:
+        """Run every shape once (blocking; called before the service says ready), bucket by bucket,
+        shortest first; `done(bucket, shapes)` after each (one start-up line per bucket, not per shape:
+        a model has dozens of shapes)."""
+        shapes = self.shapes()
+        for bucket in sorted({b for _, b, _ in shapes}):
+            these = [(head, batch) for head, b, batch in shapes if b == bucket]
+            for head, batch in these:
+                self.runtime.run(head, bucket, placeholder_inputs(head, batch, bucket))
+            if done is not None:
+                done(bucket, len(these))
 
     # -- the queue ------------------------------------------------------------------------
 

@@ -133,8 +133,9 @@ class ServiceServer(uvicorn.Server):
         await super().shutdown(sockets)
 
 
-def serve(settings: ServiceSettings) -> str | None:
-    """Serve until SIGTERM/SIGINT (None) or until the models cannot be served (the line saying why)."""
+def serve(settings: ServiceSettings, started: float | None = None) -> str | None:
+    """Serve until SIGTERM/SIGINT (None) or until the models cannot be served (the line saying why).
+    `started`: when the process started (time.perf_counter), what the ready line's time counts from."""
     fatal: list[str] = []
 
     def on_fatal(line: str) -> None:
@@ -142,7 +143,7 @@ def serve(settings: ServiceSettings) -> str | None:
         server.should_exit = True
 
     configure_logging(settings.log_format)  # first: the app's start-up warnings are formatted too
-    app = create_app(settings, on_fatal=on_fatal)
+    app = create_app(settings, on_fatal=on_fatal, started=started)
     config = uvicorn.Config(
         app,
         host=settings.host,

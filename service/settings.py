@@ -116,6 +116,11 @@ class ServiceSettings(BaseSettings):
         True, description="run every batch shape once before /ready answers 200 (off: the first requests pay for it)"
     )
     verify_hashes: bool = Field(True, description="check the sha256 of every export file at start-up")
+    startup_phases: Annotated[list[str], NoDecode] = Field(
+        default_factory=list,
+        description="NAME=SECONDS pairs: what ran before `bigs serve` and how long it took (scripts/serve_default.sh "
+        "gives install=… prepare=…); the start-up line lists them before load and warm-up",
+    )
 
     # Bounds on what one request may make the service do.
     max_fill_mask_candidates: int = Field(
@@ -125,7 +130,7 @@ class ServiceSettings(BaseSettings):
         "its whole filled-in sequence); past that, 422",
     )
 
-    @field_validator("models", "cors_origins", "open_paths", mode="before")
+    @field_validator("models", "cors_origins", "open_paths", "startup_phases", mode="before")
     @classmethod
     def split_words(cls, value):
         if isinstance(value, str):  # BIGS_MODELS="a=/x b=/y" or a JSON list
@@ -144,6 +149,23 @@ class ServiceSettings(BaseSettings):
             if not path.startswith("/"):
                 raise ValueError(f"{path!r} is not a path (paths start with /)")
         return value
+
+    @field_validator("startup_phases")
+    @classmethod
+    def timed_phases(cls, value: list[str]) -> list[str]:
+        for item in value:
+            name, _, seconds = item.partition("=")
+            try:
+                ok = bool(name) and float(seconds) >= 0
+            except ValueError:
+                ok = False
+            if not ok:
+                raise ValueError(f"{item!r} is not NAME=SECONDS (e.g. install=12.3)")
+        return value
+
+    def earlier_phases(self) -> dict[str, float]:
+        """`startup_phases` as {name: seconds}, in the order given."""
+        return {name: float(seconds) for name, _, seconds in (item.partition("=") for item in self.startup_phases)}
 
     @field_validator("api_key")
     @classmethod

@@ -16,6 +16,7 @@ from pathlib import Path
 
 from export.integrity import IntegrityError, require_intact
 from export.manifest import read_manifest
+from export.progress import Job, phases, seconds
 
 from .admission import Admission
 from .engine import ModelEngine
@@ -27,8 +28,12 @@ log = logging.getLogger("bigs")  # service/logs.py formats it (text or JSON)
 
 
 class ServiceState:
-    def __init__(self, settings: ServiceSettings):
+    def __init__(self, settings: ServiceSettings, started: float | None = None):
+        """`started`: when the process started, on time.perf_counter's clock (default: now); the
+        start-up lines count from it."""
         self.settings = settings
+        self.started = time.perf_counter() if started is None else started
+        self.warm_up_s = 0.0  # seconds spent warming up, all models together
         self.metrics = ServiceMetrics()
         self.admission = Admission(settings.max_in_flight, settings.max_tokens_in_flight, self.metrics)
         self.models: dict[str, ModelEngine] = {}
@@ -99,7 +104,9 @@ class ServiceState:
             started = time.perf_counter()
             try:
                 engine = ModelEngine(name, path, manifest, self.settings, self.metrics, self.admission)
-                shapes = engine.warm_up() if self.settings.warmup else 0
+                warming = time.perf_counter()
+                shapes = engine.warm_up(self._warm_up_lines(name, engine)) if self.settings.warmup else 0
+                self.warm_up_s += time.perf_counter() - warming
             except Exception as error:
                 self._failed(name, path, error)
                 continue
@@ -111,6 +118,34 @@ class ServiceState:
         if not self.models:
             raise LoadFailed("no model could be loaded: " + "; ".join(f"{n}: {r}" for n, r in self.failed.items()),
                              "no model could be loaded")  # fmt: skip
+
+    def _warm_up_lines(self, name: str, engine: ModelEngine):
+        """`done` for the engine's warm-up: a line per bucket. A bucket's weight is the tokens its shapes
+        run, so the estimate of what is left grows with the long buckets still to come."""
+        tokens: dict[int, int] = {}
+        for _, bucket, batch in engine.batcher.shapes():
+            tokens[bucket] = tokens.get(bucket, 0) + bucket * batch
+        progress = Job(f"warm-up {name}", emit=log.info, started=self.started).stage(
+            [tokens[b] for b in sorted(tokens)]
+        )
+        return lambda bucket, shapes: progress.step(f"bucket {bucket}, {shapes} shapes")
+
+    def ready_lines(self) -> list[str]:
+        """Once ready: where, how soon, what is served (tasks, precision), and where the time went.
+
+        "load" is all that is not warm-up (imports, manifests, hashes, sessions); the phases given in
+        `startup_phases` (the set-up script's install and export) come first."""
+        elapsed = time.perf_counter() - self.started
+        url = f"http://{self.settings.host}:{self.settings.port}"
+        served = ", ".join(
+            f"{name} ({', '.join(engine.heads)}; {precision_words(engine.precision_choice.by_bucket)})"
+            for name, engine in self.models.items()
+        )
+        ready = f"ready at {url} in {seconds(elapsed, precise=True)} — {served}"
+        if self.failed:
+            ready += f"; failed to load: {', '.join(self.failed)}"
+        spent = {**self.settings.earlier_phases(), "load": elapsed - self.warm_up_s, "warm-up": self.warm_up_s}
+        return [ready, f"start-up: {phases(spent)}"]
 
     def _failed(self, name: str, path: str, error: Exception) -> None:
         reason = one_line(error)
@@ -164,6 +199,17 @@ class LoadFailed(RuntimeError):
     def __init__(self, message: str, public: str):
         super().__init__(message)
         self.public = public
+
+
+def precision_words(by_bucket: dict[int, str]) -> str:
+    """ "int8" when every bucket is served at one precision; else each with its buckets, shortest
+    first: "int8 at 128, 256 + fp32 at 512, 1024"."""
+    buckets_of: dict[str, list[int]] = {}
+    for bucket in sorted(by_bucket):
+        buckets_of.setdefault(by_bucket[bucket], []).append(bucket)
+    if len(buckets_of) == 1:
+        return next(iter(buckets_of))
+    return " + ".join(f"{precision} at {', '.join(map(str, buckets))}" for precision, buckets in buckets_of.items())
 
 
 def one_line(error: BaseException, limit: int = 400) -> str:

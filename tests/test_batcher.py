@@ -655,6 +655,15 @@ def test_fill_mask_jobs_get_back_only_their_own_mask_positions():
     run(scenario())
 
 
+def test_warm_up_reports_each_bucket_once_shortest_first_with_its_shapes():
+    runtime = FakeRuntime(heads=("fill-mask", "classification"), buckets=[1024, 16])
+    batcher = ModelBatcher(MODEL, runtime, settings(max_batch_tokens=4096, max_batch_size=8), ServiceMetrics())
+    done = []
+    batcher.warm_up(lambda bucket, shapes: done.append((bucket, shapes, len(runtime.calls))))
+    # 16: batches 1, 2, 4, 8 for each of two heads; 1024: 1, 2, 4; each reported after its runs
+    assert done == [(16, 8, 8), (1024, 6, 14)]
+
+
 def test_warm_up_runs_every_shape_exactly_once():
     runtime = FakeRuntime(heads=("fill-mask", "classification"), buckets=[16, 1024])
     batcher = ModelBatcher(MODEL, runtime, settings(max_batch_tokens=4096, max_batch_size=8), ServiceMetrics())

@@ -700,6 +700,21 @@ def test_ready_only_after_warm_up(startup, client):
     assert body["status"] == "ready" and sorted(body["models"]) == ["cls", "fill"]
 
 
+def test_start_up_console_a_line_per_warmed_bucket_then_one_ready_line(startup):
+    server, _ = startup
+    lines = server.log(chars=10**7).splitlines()
+    for name in ("fill", "cls"):  # one line per bucket, not per shape; buckets 128, 512, 1024
+        warmed = [re.search(rf"warm-up {name}: bucket (\d+), \d+ shapes \((\d)/3\) done in", line) for line in lines]
+        assert [m.group(1, 2) for m in warmed if m] == [("128", "1"), ("512", "2"), ("1024", "3")], lines
+    ready = [line for line in lines if "ready at " in line]
+    assert len(ready) == 1, lines
+    # where, how soon, and per model its tasks and precision (fp32: these exports have no variants)
+    served = re.escape("fill (fill-mask, embeddings; fp32), cls (classification, embeddings; fp32)")
+    assert re.search(rf"ready at {re.escape(server.url)} in [\d.]+ s — {served}$", ready[0]), ready
+    breakdown = [line for line in lines if "start-up: " in line]
+    assert len(breakdown) == 1 and re.search(r"start-up: load [\d.]+ s, warm-up [\d.]+ s$", breakdown[0]), lines
+
+
 # -- metrics ----------------------------------------------------------------------------------
 
 
