@@ -66,11 +66,17 @@ def test_each_distillation_loss_falls_in_a_short_run_and_the_mlm_loss_with_them(
     assert all(k in trained[-1] for k in ("mlm_loss", "hidden_loss", "embedding_loss", "accuracy"))
 
 
-def test_the_projections_train_but_stay_out_of_the_artifact_and_weights_dirs(distilled):
+def test_the_layer_projections_stay_out_of_the_artifact_and_the_sentence_one_is_its_dense(distilled):
+    """The layer projections serve training only; the sentence projection is what makes the served
+    embedding the teacher-space vector the run fitted, so it goes with the weights as the 2_Dense."""
+    from model.hub import read_dense
+
     artifact, _, base = distilled
     for weights in [artifact, *sorted((base / "run" / "weights").iterdir())]:
         keys = load_file(weights / "model.safetensors").keys()
         assert keys and not any("distill" in k or "projection" in k for k in keys), weights
+        dense = read_dense(weights)
+        assert dense is not None and dense.weight.shape == (384, 64), weights  # student 64 → teacher 384
     card = json.loads((artifact / "training_card.json").read_text())
     distill = card["distill"]
     assert distill["layer_pairs"] == [[1, 3], [2, 6]]  # 2 student layers ↔ the teacher's 6, uniform

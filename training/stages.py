@@ -233,6 +233,7 @@ def _masked_lm(config: TrainConfig, started: float) -> Path:
         stage_card["extended_from"] = {"artifact": str(config.init_from), "max_position_embeddings": old_length}
     apply_fn, loss_sums, not_in_weights = module.apply, mlm_loss_sums, ()
     distilling = config.distill is not None
+    with_dense = distilling and config.distill.embedding_weight > 0  # the embedding it fitted is served
     if distilling:
         objective, params, stage_card["distill"] = _distillation(
             config, module, params, module_kwargs, fresh=start_params is None
@@ -247,7 +248,7 @@ def _masked_lm(config: TrainConfig, started: float) -> Path:
         loss_sums=loss_sums,
         train_batch=mlm_batch_source(train_split, config.batch_size, masking, config.seed, unmasked=distilling),
         eval_batches=eval_batches,
-        write_weights=_weights_writer(model_config, "BiGSForMaskedLM", tokenizer, stage_card),
+        write_weights=_weights_writer(model_config, "BiGSForMaskedLM", tokenizer, stage_card, with_dense),
         not_in_weights=not_in_weights,
     )
     trainer = Trainer(config, task, clock_started=started)
@@ -255,7 +256,7 @@ def _masked_lm(config: TrainConfig, started: float) -> Path:
     if trainer.stopped:
         return _stopped(config, trainer)
     card = _card(stage_card, trainer, held_out, started)
-    return _finish(config, trainer, model_config, "BiGSForMaskedLM", card, tokenizer)
+    return _finish(config, trainer, model_config, "BiGSForMaskedLM", card, tokenizer, with_dense)
 
 
 def _distillation(config: TrainConfig, module, params: dict, module_kwargs: dict, fresh: bool):
@@ -509,19 +510,28 @@ def _card(stage_card: dict, trainer: Trainer, held_out: dict, started: float) ->
     }
 
 
-def _weights_writer(model_config, architecture: str, tokenizer, stage_card: dict):
+def embedding_dense_of(params: dict):
+    """The sentence-embedding projection a distilled run trained, as the artifact's Dense (kernel, bias):
+    the served embedding is then the teacher-space vector the run fitted. None where there is none."""
+    sentence = params.get(PROJECTIONS_KEY, {}).get("sentence")
+    return None if sentence is None else (sentence["kernel"], sentence["bias"])
+
+
+def _weights_writer(model_config, architecture: str, tokenizer, stage_card: dict, with_dense: bool = False):
     """What every checkpoint leaves beside it (training/slices.py): the weights as an artifact dir in
     fp16 (the shipped format), its card the stage's plus the trainer's (step, data position, slices).
-    Weights beyond fp16's range are stored in fp32 rather than failing the run, and the card says so."""
+    Weights beyond fp16's range are stored in fp32 rather than failing the run, and the card says so.
+    `with_dense`: the run's sentence-embedding projection goes with them (2_Dense)."""
 
     def write(out_dir: Path, params, trainer_card: dict) -> Path:
         card = {**stage_card, **trainer_card}
-        params = student_params(params)  # a distilled run's projections stay in its checkpoints
+        dense = embedding_dense_of(params) if with_dense else None
+        params = student_params(params)  # the other projections stay in the run's checkpoints
         try:
-            return write_artifact(out_dir, model_config, params, architecture, card, tokenizer, "float16")
+            return write_artifact(out_dir, model_config, params, architecture, card, tokenizer, "float16", dense)
         except ValueError as error:  # a weight past fp16's range
             card["weights_storage"] = f"float32: {error}"
-            return write_artifact(out_dir, model_config, params, architecture, card, tokenizer, "float32")
+            return write_artifact(out_dir, model_config, params, architecture, card, tokenizer, "float32", dense)
 
     return write
 
@@ -534,12 +544,15 @@ def _stopped(config: TrainConfig, trainer: Trainer) -> Path:
     return weights_dir(config.output_dir, trainer.step)
 
 
-def _finish(config: TrainConfig, trainer: Trainer, model_config, architecture: str, card: dict, tokenizer) -> Path:
+def _finish(
+    config: TrainConfig, trainer: Trainer, model_config, architecture: str, card: dict, tokenizer, with_dense=False
+) -> Path:
     out = Path(config.output_dir)
     plot_curves(trainer.metrics_path, out / "curves.png")
+    params = trainer.final_params()
     artifact = write_artifact(
-        out / "artifact", model_config, student_params(trainer.final_params()), architecture, card, tokenizer,
-        weights_storage=config.weights_storage,
+        out / "artifact", model_config, student_params(params), architecture, card, tokenizer,
+        weights_storage=config.weights_storage, embedding_dense=embedding_dense_of(params) if with_dense else None,
     )  # fmt: skip
     print(f"wrote {artifact}; held-out: {card['held_out']}")
     return artifact
