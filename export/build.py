@@ -240,8 +240,10 @@ def export_artifact(
             dense=dense,
         )
 
+    reference_lines = job.stage(len(buckets))
+    reference_done = lambda b: reference_lines.step(f"torch reference bucket {b}")
+    refs = parity.references(model, manifest, embedding, done=reference_done)
     parity_lines = job.stage(1)
-    refs = parity.references(model, manifest, embedding)
     record_parity(manifest, parity.measure_export(out_dir, manifest, refs, options.tolerance))
     parity_lines.step(f"parity of every file against torch {'passed' if manifest.parity.passed else 'FAILED'}")
     if precisions:

@@ -15,6 +15,7 @@ asks for 3 positions inside each sequence's real tokens.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -116,9 +117,15 @@ def reference_outputs(
     return out
 
 
-def references(model: torch.nn.Module, manifest: Manifest, embedding: SentenceEmbedding | None = None) -> References:
+def references(
+    model: torch.nn.Module,
+    manifest: Manifest,
+    embedding: SentenceEmbedding | None = None,
+    done: Callable[[int], object] | None = None,
+) -> References:
     """The reference's outputs on every bucket's cases (the model and its embeddings head are loaded by
-    the caller, once)."""
+    the caller, once). `done(bucket)` is called as each bucket's are computed (the export's progress
+    lines: at long buckets the float64-kernel reference is most of the parity run)."""
     config = model.config
     refs: References = {}
     for bucket in manifest.buckets:
@@ -127,6 +134,8 @@ def references(model: torch.nn.Module, manifest: Manifest, embedding: SentenceEm
             case: {"inputs": inputs, "outputs": reference_outputs(model, inputs, embedding)}
             for case, inputs in cases.items()
         }
+        if done is not None:
+            done(bucket)
     return refs
 
 
