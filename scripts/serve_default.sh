@@ -7,16 +7,28 @@
 # what `bigs export` writes by default), and runs `bigs serve` on them: precision auto serves, per
 # bucket, the fastest variant measured here that passed its gate. Environment variables BIGS_*
 # (service/settings.py) still apply.
+# The console: a line per phase here, a line per bucket of each export stage and of the warm-up,
+# then `ready at URL in … s — each model (tasks; precision)` and `start-up: install …, prepare …,
+# load …, warm-up …`: this script passes the seconds of its own phases on in BIGS_STARTUP_PHASES.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+now() { python3 -c 'import time; print(time.time())'; }  # portable: bash 3 has no EPOCHREALTIME
+since() { python3 -c 'import sys, time; print(f"{time.time() - float(sys.argv[1]):.1f}")' "$1"; }
+
+began=$(now)
+echo "install: torch (CPU) and the project into .venv (minutes on the first run; pip prints only problems)"
 if [ ! -x .venv/bin/python ]; then
   python3 -m venv .venv
 fi
 . .venv/bin/activate
-python -m pip install --quiet "torch==2.13.0"          # the CPU wheel; any other version pulls CUDA
-python -m pip install --quiet -e ".[serve,export]"
+# --quiet keeps pip's warnings and errors, not its progress; no "new pip available" notice
+pip=(python -m pip install --quiet --disable-pip-version-check)
+"${pip[@]}" "torch==2.13.0"          # the CPU wheel; any other version pulls CUDA
+"${pip[@]}" -e ".[serve,export]"
+install_s=$(since "$began")
 
+began=$(now)  # prepare: each artifact dir exported once
 models=()
 for artifact in models/*/; do
   [ -f "$artifact/config.json" ] || continue
@@ -26,13 +38,18 @@ for artifact in models/*/; do
   # before the precision variants and their latency were recorded
   if ! python -c "import sys; from export.manifest import read_manifest
 m = read_manifest(sys.argv[1]); sys.exit('int8' not in m.precisions or m.latency is None)" "$out" 2>/dev/null; then
-    echo "exporting $artifact -> $out"
+    echo "prepare: exporting $artifact -> $out (once; a line per bucket of each stage)"
     bigs export "$artifact" "$out"
+  else
+    echo "prepare: $out is up to date"
   fi
   models+=(--model "$name=$out")
 done
+prepare_s=$(since "$began")
 if [ ${#models[@]} -eq 0 ]; then
   echo "no artifact dir under models/ (train one: bigs train mlm --config training/recipes/mini-mlm.toml)" >&2
   exit 1
 fi
+echo "serve: loading and warming up (a line per bucket), then one line when ready"
+export BIGS_STARTUP_PHASES="install=$install_s prepare=$prepare_s"
 exec bigs serve "${models[@]}" --host "${BIGS_HOST:-127.0.0.1}" --port "${BIGS_PORT:-8000}"
