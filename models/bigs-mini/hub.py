@@ -7,6 +7,9 @@ transformers           `auto_map` in config.json (AUTO_MAP) and the model's sour
 sentence-transformers  modules.json, sentence_bert_config.json, 1_Pooling/config.json:
                        the service's embedding (the embeddings head, docs/DESIGN.md §1.4: the mean of
                        the last hidden state over real tokens, L2-normalised as /v1/embed does by default).
+                       A dir MAY also carry 2_Dense/ (`Dense`, `write_dense`, `read_dense`): a linear map
+                       of the pooled vector into another width, applied before the normalisation; then
+                       modules.json lists it and the embeddings head applies it too.
 the Hub                README.md, a model card with YAML front matter, from config.json and
                        training_card.json.
 
@@ -25,9 +28,12 @@ from __future__ import annotations
 
 import json
 import shutil
+from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 from huggingface_hub import ModelCardData
+from safetensors.numpy import load_file, save_file
 from transformers.dynamic_module_utils import get_relative_import_files
 
 HERE = Path(__file__).resolve().parent
@@ -94,16 +100,118 @@ def write_remote_code(out_dir: str | Path) -> list[str]:
     return [*written, CONFIG]
 
 
-def sentence_transformers_files(config: dict) -> dict[str, dict | list]:
+# -- the optional Dense module -------------------------------------------------------------------
+# sentence-transformers' own layout for `models.Dense` (its `save`): config.json and the nn.Linear's
+# state dict. Only an identity activation is written or read: the embedding is then one affine map
+# of the pooled vector, which every runtime computes exactly (a graph op, a jnp matmul, an nn.Linear).
+
+DENSE_DIR = "2_Dense"
+DENSE_WEIGHTS = f"{DENSE_DIR}/model.safetensors"
+DENSE_CONFIG = f"{DENSE_DIR}/config.json"
+DENSE_WEIGHT_KEY, DENSE_BIAS_KEY = "linear.weight", "linear.bias"
+IDENTITY = "torch.nn.modules.linear.Identity"
+
+
+@dataclass(frozen=True)
+class Dense:
+    """The pooled embedding's linear map d → out: `pooled @ weight.T + bias`, in torch's nn.Linear layout
+    (weight (out, in)), which is how sentence-transformers stores it."""
+
+    weight: np.ndarray  # (out_features, in_features)
+    bias: np.ndarray  # (out_features,)
+
+    def __post_init__(self):
+        weight = np.ascontiguousarray(self.weight, dtype=np.float32)
+        bias = np.ascontiguousarray(self.bias, dtype=np.float32)
+        if weight.ndim != 2 or bias.shape != (weight.shape[0],):
+            raise ValueError(f"Dense needs weight (out, in) and bias (out,); got {weight.shape} and {bias.shape}")
+        object.__setattr__(self, "weight", weight)
+        object.__setattr__(self, "bias", bias)
+
+    @classmethod
+    def from_kernel(cls, kernel: np.ndarray, bias: np.ndarray) -> Dense:
+        """From a Flax/numpy kernel (in, out), applied as `x @ kernel + bias`."""
+        return cls(np.asarray(kernel).T, bias)
+
+    @property
+    def in_features(self) -> int:
+        return self.weight.shape[1]
+
+    @property
+    def out_features(self) -> int:
+        return self.weight.shape[0]
+
+    def __call__(self, pooled: np.ndarray) -> np.ndarray:
+        return pooled @ self.weight.T + self.bias
+
+    def config(self) -> dict:
+        return {
+            "in_features": self.in_features,
+            "out_features": self.out_features,
+            "bias": True,
+            "activation_function": IDENTITY,
+        }
+
+
+def write_dense(out_dir: str | Path, dense: Dense | None) -> list[str]:
+    """Write 2_Dense/ (config.json, model.safetensors), or with None remove any: a dir rewritten
+    without a Dense must not keep an earlier one. Call `write_hub_files` after it, which lists the
+    module in modules.json."""
+    out_dir = Path(out_dir)
+    if dense is None:
+        shutil.rmtree(out_dir / DENSE_DIR, ignore_errors=True)
+        return []
+    write_json(out_dir / DENSE_CONFIG, dense.config())
+    save_file({DENSE_WEIGHT_KEY: dense.weight, DENSE_BIAS_KEY: dense.bias}, str(out_dir / DENSE_WEIGHTS))
+    return [DENSE_CONFIG, DENSE_WEIGHTS]
+
+
+def read_dense(model_dir: str | Path) -> Dense | None:
+    """The dir's Dense, None when it has no 2_Dense/. What this project cannot compute exactly (another
+    activation, no bias) is refused by name rather than served differently from sentence-transformers."""
+    model_dir = Path(model_dir)
+    if not (model_dir / DENSE_CONFIG).is_file():
+        return None
+    config = json.loads((model_dir / DENSE_CONFIG).read_text())
+    if config.get("activation_function", IDENTITY) != IDENTITY or not config.get("bias", True):
+        raise ValueError(
+            f"{model_dir / DENSE_CONFIG}: only a Dense with bias and activation {IDENTITY} is supported, "
+            f"got bias={config.get('bias')}, activation_function={config.get('activation_function')}"
+        )
+    tensors = load_file(str(model_dir / DENSE_WEIGHTS))
+    dense = Dense(tensors[DENSE_WEIGHT_KEY], tensors[DENSE_BIAS_KEY])
+    if (dense.in_features, dense.out_features) != (config["in_features"], config["out_features"]):
+        raise ValueError(
+            f"{model_dir / DENSE_DIR}: config.json says {config['in_features']} → {config['out_features']}, "
+            f"the weights are {dense.in_features} → {dense.out_features}"
+        )
+    return dense
+
+
+def embedding_size(config: dict, dense: Dense | None) -> int:
+    """The width of the dir's embedding: the Dense's output, else the hidden size."""
+    return config["hidden_size"] if dense is None else dense.out_features
+
+
+def sentence_transformers_files(config: dict, dense: Dense | None = None) -> dict[str, dict | list]:
     """{relative path: JSON content} of the sentence-transformers layout. Normalize has no settings,
-    so its "2_Normalize" path needs no dir (sentence-transformers' own save leaves it empty).
+    so its "2_Normalize" path ("3_Normalize" after a Dense) needs no dir (sentence-transformers' own
+    save leaves it empty). A Dense's weights are written by `write_dense`; its config.json is here.
 
     Written in the layout sentence-transformers has read since 2.x (`models.*` class paths, the four
     original `pooling_mode_*` flags, later modes off by default); the current release maps both to its
     own names on load. `trust_remote_code` needs 2.3 or later.
     """
-    modules = [("", "Transformer"), ("1_Pooling", "Pooling"), ("2_Normalize", "Normalize")]
-    return {
+    modules = [("", "Transformer"), ("1_Pooling", "Pooling")]
+    if dense is not None and dense.in_features != config["hidden_size"]:
+        raise ValueError(
+            f"{DENSE_DIR} maps {dense.in_features} features; the model's hidden size is {config['hidden_size']}"
+        )
+    if dense is None:
+        modules.append(("2_Normalize", "Normalize"))
+    else:
+        modules += [(DENSE_DIR, "Dense"), ("3_Normalize", "Normalize")]
+    files = {
         "modules.json": [
             {"idx": i, "name": str(i), "path": path, "type": f"sentence_transformers.models.{kind}"}
             for i, (path, kind) in enumerate(modules)
@@ -120,12 +228,15 @@ def sentence_transformers_files(config: dict) -> dict[str, dict | list]:
             "pooling_mode_mean_sqrt_len_tokens": False,
         },
     }
+    if dense is not None:
+        files[DENSE_CONFIG] = dense.config()
+    return files
 
 
 def write_sentence_transformers_files(out_dir: str | Path) -> list[str]:
     out_dir = Path(out_dir)
     config = json.loads((out_dir / CONFIG).read_text())
-    files = sentence_transformers_files(config)
+    files = sentence_transformers_files(config, read_dense(out_dir))
     for rel, content in files.items():
         write_json(out_dir / rel, content)
     return list(files)
@@ -193,7 +304,7 @@ def describe_layers(config: dict, architecture: str) -> str:
     )
 
 
-def model_card(name: str, config: dict, card: dict | None, notes: list[str] = ()) -> str:
+def model_card(name: str, config: dict, card: dict | None, notes: list[str] = (), dense: Dense | None = None) -> str:
     """README.md text: YAML front matter (huggingface_hub's ModelCardData) and what the dir knows."""
     architecture = (config.get("architectures") or ["BiGSModel"])[0]
     meta = card_metadata(config, card)
@@ -229,7 +340,7 @@ def model_card(name: str, config: dict, card: dict | None, notes: list[str] = ()
     if config.get("id2label"):
         labels = ", ".join(str(v) for _, v in sorted(config["id2label"].items(), key=lambda kv: int(kv[0])))
         lines += [f"Labels: {labels}.", ""]
-    lines += usage_section(architecture)
+    lines += usage_section(architecture, dense)
     lines += [*notes, ""] if notes else []
     lines += [
         "## License",
@@ -284,8 +395,11 @@ def training_section(card: dict) -> list[str]:
     return lines
 
 
-def usage_section(architecture: str) -> list[str]:
+def usage_section(architecture: str, dense: Dense | None = None) -> list[str]:
     task = PIPELINE_TAGS.get(architecture)
+    embedding = "mean over real tokens, L2-normalised"
+    if dense is not None:
+        embedding = f"mean over real tokens, {DENSE_DIR} ({dense.in_features} → {dense.out_features}), L2-normalised"
     example = {
         "fill-mask": 'print(pipe("The capital of France is [MASK]."))',
         "text-classification": 'print(pipe("A long document ..."))',
@@ -312,7 +426,7 @@ def usage_section(architecture: str) -> list[str]:
         "from sentence_transformers import SentenceTransformer",
         "",
         'embedder = SentenceTransformer("path/to/this/dir", trust_remote_code=True)',
-        'vectors = embedder.encode(["a sentence", "another one"])  # mean over real tokens, L2-normalised',
+        f'vectors = embedder.encode(["a sentence", "another one"])  # {embedding}',
         "```",
         "",
         "Served over HTTP: `bigs export DIR OUT_DIR`, then `bigs serve --model NAME=OUT_DIR`.",
@@ -341,7 +455,7 @@ def write_model_card(out_dir: str | Path) -> bool:
     )
     # training writes RUN_DIR/artifact (training/stages.py): the run names the model there
     name = out_dir.resolve().name if out_dir.resolve().name != "artifact" else out_dir.resolve().parent.name
-    path.write_text(model_card(name, config, card, notes), encoding="utf-8")
+    path.write_text(model_card(name, config, card, notes, read_dense(out_dir)), encoding="utf-8")
     return True
 
 
