@@ -192,9 +192,14 @@ def top1_agreement(logits: np.ndarray, reference: np.ndarray) -> float:
 
 
 def measure_onnx(
-    export_dir: Path, manifest: Manifest, refs: References, variant: str = "fp32"
+    export_dir: Path,
+    manifest: Manifest,
+    refs: References,
+    variant: str = "fp32",
+    done: Callable[[str], object] | None = None,
 ) -> dict[int, tuple[Measured, float]]:
-    """{bucket: (differences, top-1 agreement)} of the ONNX graphs of one variant ("fp32", "int8")."""
+    """{bucket: (differences, top-1 agreement)} of the ONNX graphs of one variant ("fp32", "int8").
+    `done(what)` is called as each bucket is measured (the export's progress lines)."""
     from .onnx_runtime import load_sessions
 
     results = {}
@@ -206,11 +211,15 @@ def measure_onnx(
             got = dict(zip(outputs, session.run(None, {k: case["inputs"][k] for k in names}), strict=True))
             acc.add(got, case["outputs"])
         results[bucket] = (acc.measured(), acc.top1())
+        if done is not None:
+            done(f"onnx {variant} bucket {bucket}")
     return results
 
 
-def measure_stablehlo(export_dir: Path, manifest: Manifest, refs: References) -> dict[str, dict[int, Measured]]:
-    """{head: {bucket: differences}} of the StableHLO artifacts."""
+def measure_stablehlo(
+    export_dir: Path, manifest: Manifest, refs: References, done: Callable[[str], object] | None = None
+) -> dict[str, dict[int, Measured]]:
+    """{head: {bucket: differences}} of the StableHLO artifacts; `done(what)` as for `measure_onnx`."""
     from .stablehlo_runtime import load_stablehlo, param_store
 
     store = param_store(export_dir)
@@ -223,6 +232,8 @@ def measure_stablehlo(export_dir: Path, manifest: Manifest, refs: References) ->
             for case in refs[bucket].values():
                 acc.add(run(*(case["inputs"][name] for name in run.input_names)), case["outputs"])
             results[head][bucket] = acc.measured()
+            if done is not None:
+                done(f"stablehlo {head} bucket {bucket}")
     return results
 
 
@@ -236,9 +247,27 @@ class ParityReport:
     breaches: list[str] = field(default_factory=list)  # over the tolerance, or could not run
 
 
-def measure_export(export_dir: Path, manifest: Manifest, refs: References, tolerance: float) -> ParityReport:
+def measure_steps(manifest: Manifest) -> int:
+    """How many files `measure_export` measures: one `done` call each."""
+    steps = 0
+    if manifest.onnx is not None:
+        graphs = manifest.onnx.buckets.values()
+        steps += len(graphs) + (len(graphs) if any(g.int8 is not None for g in graphs) else 0)
+    if manifest.stablehlo is not None:
+        steps += sum(len(entry.buckets) for entry in manifest.stablehlo.heads.values())
+    return steps
+
+
+def measure_export(
+    export_dir: Path,
+    manifest: Manifest,
+    refs: References,
+    tolerance: float,
+    done: Callable[[str], object] | None = None,
+) -> ParityReport:
     """Measure every format the manifest lists; fp32 files are held to `tolerance` (int8 is measured
-    here, and held to its accuracy gate on real text: export/gate.py)."""
+    here, and held to its accuracy gate on real text: export/gate.py). `done(what)` is called as
+    each file is measured (`measure_steps` of them)."""
     report = ParityReport()
 
     def attempt(what: str, measure):
@@ -249,15 +278,15 @@ def measure_export(export_dir: Path, manifest: Manifest, refs: References, toler
             return {}
 
     if manifest.onnx is not None:
-        fp32 = attempt("onnx", lambda: measure_onnx(export_dir, manifest, refs))
+        fp32 = attempt("onnx", lambda: measure_onnx(export_dir, manifest, refs, done=done))
         report.onnx = {bucket: measured for bucket, (measured, _) in fp32.items()}
         for bucket, measured in report.onnx.items():
             if error_ratio(measured) > tolerance:
                 report.breaches.append(f"onnx bucket {bucket}: {describe(measured)} > tolerance {tolerance:g}")
         if any(graph.int8 is not None for graph in manifest.onnx.buckets.values()):
-            report.onnx_int8 = attempt("onnx int8", lambda: measure_onnx(export_dir, manifest, refs, "int8"))
+            report.onnx_int8 = attempt("onnx int8", lambda: measure_onnx(export_dir, manifest, refs, "int8", done))
     if manifest.stablehlo is not None:
-        report.stablehlo = attempt("stablehlo", lambda: measure_stablehlo(export_dir, manifest, refs))
+        report.stablehlo = attempt("stablehlo", lambda: measure_stablehlo(export_dir, manifest, refs, done))
         for head, per_bucket in report.stablehlo.items():
             for bucket, measured in per_bucket.items():
                 if error_ratio(measured) > tolerance:

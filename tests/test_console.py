@@ -166,7 +166,14 @@ def test_bigs_export_prints_a_line_per_bucket_and_no_library_noise(tiny_model, t
     ], console
     references = [line for line in lines if line.startswith(prefix + "torch reference bucket")]
     assert [re.search(r"bucket (\d+) \((\d)/2\)", r).group(1, 2) for r in references] == [("128", "1"), ("256", "2")]
-    assert any(line.startswith(prefix + "parity of every file against torch passed (1/1)") for line in lines)
+    checked = [re.search(r"parity (onnx \w+ bucket \d+) \((\d)/4\)", line) for line in lines]
+    assert [m.group(1, 2) for m in checked if m] == [
+        ("onnx fp32 bucket 128", "1"),
+        ("onnx fp32 bucket 256", "2"),
+        ("onnx int8 bucket 128", "3"),
+        ("onnx int8 bucket 256", "4"),
+    ], console
+    assert prefix + "parity against torch passed" in lines
     assert any(line.startswith(prefix + "latency of fp32, int8 at 2 buckets (1/1)") for line in lines)
     for _name, start, _why in KNOWN:
         assert start not in console
