@@ -383,7 +383,7 @@ def cmd_eval(args: argparse.Namespace) -> None:
     from training.evaluation import evaluate
 
     try:
-        report = evaluate(args.model, args.data_dir, args.precision)
+        report = evaluate(args.model, args.data_dir, args.precision, args.work_dir, args.teacher)
     except (ValueError, FileNotFoundError, KeyError) as error:
         fail("eval", one_line(error))
     print(report.table())
@@ -556,7 +556,9 @@ def build_parser() -> argparse.ArgumentParser:
         description="Fill-mask models: the held-out cloze sentences (top-1, top-5) and, with --data-dir, masked-token "
         "accuracy on a built corpus's test split. Classifiers: accuracy and macro-F1 on the test split of the "
         "labelled set their card names (built into --data-dir), beside the majority class and TF-IDF + "
-        "logistic regression. training/evaluation.py.",
+        "logistic regression. Every model: its embeddings' retrieval of long held-out articles read whole, beside "
+        "the teacher reading its first 256 tokens, and its cosine with the teacher where it has the teacher's "
+        "width. training/evaluation.py.",
     )
     evaluate.add_argument("model", help="an artifact dir (config.json) or an export dir (manifest.json)")
     evaluate.add_argument(
@@ -564,6 +566,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     evaluate.add_argument("--precision", default="fp32", choices=["fp32", "int8", "bf16"], help="export dirs only")
     evaluate.add_argument("--json", help="also write the report here")
+    evaluate.add_argument(
+        "--work-dir", default="runs/eval", help="where held-out sets are built (retrieval's articles)"
+    )
+    evaluate.add_argument(
+        "--teacher", help="a teacher model dir to compare embeddings with (default: all-MiniLM-L6-v2 where installed)"
+    )
     evaluate.set_defaults(func=cmd_eval)
 
     bench = sub.add_parser("bench", help="run a benchmark of the bench package (bench/)")

@@ -23,10 +23,16 @@ def rows(report) -> dict[tuple[str, str], float]:
     return {(r.set, r.metric): r.value for r in report.rows}
 
 
-def test_an_export_dir_answers_the_cloze_set_as_its_artifact_does(exports):
-    artifact, export = evaluate(exports["art-mlm"]), evaluate(exports["mlm"])
+def test_an_export_dir_answers_the_cloze_set_and_retrieves_as_its_artifact_does(exports, tmp_path):
+    artifact = evaluate(exports["art-mlm"], work_dir=tmp_path)
+    export = evaluate(exports["mlm"], work_dir=tmp_path)
     assert artifact.kind == "artifact" and export.kind == "export"
-    assert rows(artifact) == rows(export)
+    assert rows(artifact).keys() == rows(export).keys()
+    for key, value in rows(artifact).items():
+        assert rows(export)[key] == pytest.approx(value, abs=0.02), key  # ORT's sums differ in the last bits
+    retrieval = [r for r in artifact.rows if r.metric.startswith("retrieval")]
+    assert {r.note.split(",")[0] for r in retrieval} >= {"teacher nreimers/MiniLM-L6-H384-uncased"}
+    assert all(0.0 <= r.value <= 1.0 and r.count > 10 for r in retrieval)
     assert [e["top5"] for e in artifact.examples] == [e["top5"] for e in export.examples]
     n = len(read_cloze())
     assert {r.count for r in artifact.rows if r.set.startswith("cloze")} == {n}
@@ -88,3 +94,30 @@ def test_cloze_hits_count_any_listed_answer_in_the_top_five():
     items = [ClozeItem("paris is the capital of [MASK].", ("france",)), ClozeItem("snow is [MASK].", ("white",))]
     (top1, top5), examples = score_cloze(Oracle(), tokenizer, items)
     assert (top1.value, top5.value) == (0.5, 0.5) and examples[0]["top5"][0] == "france"
+
+
+def test_retrieval_ranks_each_query_against_its_own_document():
+    from training.evaluation import retrieval_scores
+
+    documents = np.eye(4)
+    assert retrieval_scores(documents, documents) == (1.0, 1.0)
+    swapped = documents[[1, 0, 2, 3]]  # queries 0 and 1 point at each other's document: rank 2 each
+    assert retrieval_scores(swapped, documents) == (0.5, pytest.approx((0.5 + 0.5 + 1 + 1) / 4))
+
+
+def test_a_model_in_the_teachers_space_is_scored_on_its_cosine_with_the_teacher(tiny_model, tmp_path):
+    """An artifact whose 2_Dense maps to the teacher's width (384) gets the agreement row; the cosine
+    is the mean over the filled cloze sentences of two unit vectors, so within [-1, 1]."""
+    import jax
+
+    from model.convert import torch_to_flax
+    from training.artifact import write_artifact
+
+    model = tiny_model(vocab_size=30522, max_position_embeddings=4096)  # the project's vocabulary: real text
+    params = torch_to_flax({k: v.numpy() for k, v in model.state_dict().items()})
+    kernel = np.random.default_rng(0).normal(size=(model.config.hidden_size, 384)).astype(np.float32)
+    out = write_artifact(tmp_path / "art", model.config, jax.tree_util.tree_map(np.asarray, params),
+                         "BiGSForMaskedLM", {}, embedding_dense=(kernel, np.zeros(384, np.float32)))  # fmt: skip
+    report = evaluate(out, work_dir=tmp_path / "work")
+    (row,) = [r for r in report.rows if r.metric == "cosine with teacher"]
+    assert -1.0 <= row.value <= 1.0 and row.count == len(read_cloze())

@@ -19,6 +19,16 @@ classification
                  same split: the majority class and TF-IDF + logistic regression (scikit-learn) fitted
                  on the training split's texts (the token ids decoded, the view the model had).
 
+embeddings (every model: the service's `embeddings` head, normalised)
+    teacher      where the model's embedding lives in the teacher's space (a 2_Dense to its width): the
+                 mean cosine with the teacher's sentence embedding on the cloze sentences, each with its
+                 first answer in place (plain English, in no training corpus).
+    retrieval    long held-out documents: the BBC News test articles of more than 512 tokens, each read
+                 whole (up to 4,096 tokens) as the index; a query is a 48-token passage taken from past
+                 token 300 of each, which a reader limited to 256 tokens never sees. Top-1 accuracy and
+                 MRR of finding the query's own article, for the model reading whole articles and for
+                 the teacher reading their first 256 tokens (its limit), side by side.
+
 Nothing is tuned here: a held-out set is read, scored and reported.
 """
 
@@ -70,9 +80,9 @@ class Report:
 
     def table(self) -> str:
         lines = [f"{self.model} ({self.kind}, {self.architecture})", ""]
-        lines.append(f"{'set':<28} {'metric':<22} {'value':>8} {'n':>7}  note")
+        lines.append(f"{'set':<32} {'metric':<22} {'value':>8} {'n':>7}  note")
         for r in self.rows:
-            lines.append(f"{r.set:<28} {r.metric:<22} {r.value:>8.4f} {r.count:>7}  {r.note}")
+            lines.append(f"{r.set:<32} {r.metric:<22} {r.value:>8.4f} {r.count:>7}  {r.note}")
         for e in self.examples:
             lines.append(f"  {e['text']}  →  {', '.join(e['top5'])}{'  ✓' if e['hit5'] else ''}")
         return "\n".join(lines)
@@ -110,6 +120,10 @@ class ArtifactModel:
         self.config, params = load_artifact(path)
         self.architecture = (self.config.architectures or ["BiGSForMaskedLM"])[0]
         self.max_length = self.config.max_position_embeddings
+        from model.hub import read_dense
+
+        dense = read_dense(path)
+        self.embedding_size = self.config.hidden_size if dense is None else dense.weight.shape[0]
         if self.architecture == "BiGSForMaskedLM":
             module = FlaxBiGSForMaskedLMModule(self.config)
         elif self.architecture == "BiGSForSequenceClassification":
@@ -123,6 +137,10 @@ class ArtifactModel:
         self._classify = jax.jit(lambda p, ids, mask: module.apply({"params": p}, ids, mask))
         self.params = params
         self.card = _card(path)
+        self._embed = _flax_embedding(self.config, path)
+
+    def embed(self, ids: np.ndarray, mask: np.ndarray) -> np.ndarray:
+        return self._embed(self.params["s4_bert"], ids, mask)
 
     def fill_mask(self, ids: np.ndarray, mask: np.ndarray, positions: np.ndarray) -> np.ndarray:
         return np.asarray(self._apply(self.params, ids, mask, positions))
@@ -143,6 +161,7 @@ class ExportModel:
         self.manifest = read_manifest(path)
         self.buckets = sorted(self.manifest.buckets)
         self.max_length = self.buckets[-1]
+        self.embedding_size = self.manifest.model.embedding_size
         self.runtime = load_runtime("onnx", path, self.manifest, precision=precision)
         heads = set(self.manifest.heads)
         self.architecture = "BiGSForMaskedLM" if "fill-mask" in heads else "BiGSForSequenceClassification"
@@ -163,6 +182,39 @@ class ExportModel:
     def classify(self, ids: np.ndarray, mask: np.ndarray) -> np.ndarray:
         bucket, inputs = self._padded(ids, mask)
         return self.runtime.run("classification", bucket, inputs)
+
+    def embed(self, ids: np.ndarray, mask: np.ndarray) -> np.ndarray:
+        bucket, inputs = self._padded(ids, mask)
+        return _normalized(self.runtime.run("embeddings", bucket, inputs))
+
+
+def _normalized(vectors: np.ndarray) -> np.ndarray:
+    return vectors / np.maximum(np.linalg.norm(vectors, axis=-1, keepdims=True), 1e-12)
+
+
+def _flax_embedding(config, path: Path):
+    """The embeddings head in Flax, as export/modules.py computes it: the backbone's last hidden state
+    mean-pooled over real tokens, then the dir's 2_Dense where it has one; normalised here."""
+    import jax
+
+    from model.hub import read_dense
+    from model.modeling_flax_bigs import FlaxBiGSModule, mean_pool
+
+    backbone = FlaxBiGSModule(config, add_pooling_layer=False)
+    dense = read_dense(path)
+
+    @jax.jit
+    def pooled(params, ids, mask):
+        last, _, _ = backbone.apply({"params": {k: v for k, v in params.items() if k != "pooler"}}, ids, mask)
+        return mean_pool(last, mask)
+
+    def embed(params, ids, mask):
+        vectors = np.asarray(pooled(params, ids, mask))
+        if dense is not None:
+            vectors = vectors @ dense.weight.T + dense.bias
+        return _normalized(vectors)
+
+    return embed
 
 
 def _card(path: Path) -> dict:
@@ -292,7 +344,106 @@ def tfidf_baseline(train, test, tokenizer) -> float:
     return float(np.mean(predicted == np.asarray(test.arrays["labels"])))
 
 
-def evaluate(path: str | Path, data_dir: str | Path | None = None, precision: str = "fp32") -> Report:
+def _embed_all(embed, sequences: list[np.ndarray], batch_size: int = 8) -> np.ndarray:
+    """Embeddings of token sequences of any lengths, batched by similar length (padded to the longest)."""
+    order = np.argsort([len(s) for s in sequences])
+    vectors = [None] * len(sequences)
+    for start in range(0, len(order), batch_size):
+        rows = order[start : start + batch_size]
+        longest = max(len(sequences[i]) for i in rows)
+        ids = np.zeros((len(rows), longest), np.int64)
+        mask = np.zeros((len(rows), longest), np.int64)
+        for j, i in enumerate(rows):
+            ids[j, : len(sequences[i])], mask[j, : len(sequences[i])] = sequences[i], 1
+        for j, v in zip(rows, embed(ids, mask), strict=True):
+            vectors[j] = v
+    return np.stack(vectors)
+
+
+def _teacher_embed(teacher, limit: int):
+    """The teacher's sentence embedding of sequences cut as sentence-transformers cuts them: the first
+    limit − 1 tokens, then [SEP]."""
+    sep = int(teacher.config.get("sep_token_id", 102))
+
+    def embed(ids, mask):
+        if ids.shape[1] > limit:
+            longer = mask[:, limit - 1] == 1
+            ids, mask = ids[:, :limit].copy(), mask[:, :limit]
+            ids[longer, -1] = sep
+        return np.asarray(teacher(ids, mask).sentence_embedding)
+
+    return embed
+
+
+def score_teacher_agreement(model, tokenizer, teacher) -> Row:
+    """Mean cosine between the model's and the teacher's sentence embeddings on the cloze sentences."""
+    texts = [item.text.replace("[MASK]", item.answers[0]) for item in read_cloze()]
+    sequences = [np.asarray(ids) for ids in tokenizer(texts)["input_ids"]]
+    ours = _embed_all(model.embed, sequences)
+    theirs = _normalized(_embed_all(_teacher_embed(teacher, 256), sequences))
+    cosine = float(np.mean(np.sum(ours * theirs, axis=-1)))
+    return Row("cloze sentences, filled", "cosine with teacher", cosine, len(texts), teacher.name)
+
+
+def retrieval_set(data_dir: Path, tokenizer, min_tokens: int = 512, passage_from: int = 300, passage: int = 48):
+    """(queries, documents) of token sequences: BBC News test articles longer than `min_tokens`, whole
+    (up to 4,096 tokens), and a passage of each from past `passage_from` (with [CLS] … [SEP])."""
+    from .data import build_labelled, open_split
+
+    build_labelled("bbc-news", data_dir, max_length=4096, seed=0, tokenizer=tokenizer)
+    test = open_split(data_dir, "test")
+    arrays = test.take(np.arange(len(test)))
+    documents, queries = [], []
+    for ids, mask in zip(arrays["input_ids"], arrays["attention_mask"], strict=True):
+        ids = ids[mask == 1]
+        if len(ids) > min_tokens:
+            documents.append(ids)
+            body = ids[passage_from : passage_from + passage]
+            queries.append(np.concatenate([ids[:1], body, ids[-1:]]))
+    return queries, documents
+
+
+def retrieval_scores(query_vectors: np.ndarray, document_vectors: np.ndarray) -> tuple[float, float]:
+    """Top-1 accuracy and mean reciprocal rank of each query's own document (the same index)."""
+    similarity = query_vectors @ document_vectors.T
+    own = np.diag(similarity)
+    ranks = 1 + np.sum(similarity > own[:, None], axis=1)
+    return float(np.mean(ranks == 1)), float(np.mean(1.0 / ranks))
+
+
+def score_retrieval(model, teacher, data_dir: Path, tokenizer) -> list[Row]:
+    queries, documents = retrieval_set(data_dir, tokenizer)
+    if not documents:
+        return []
+    name = "BBC test articles > 512 tokens"
+    rows = []
+    limit = min(model.max_length, 4096)
+    ours_q = _embed_all(model.embed, queries)
+    ours_d = _embed_all(model.embed, [d[:limit] for d in documents])
+    top1, mrr = retrieval_scores(ours_q, ours_d)
+    whole = f"articles read whole (median {int(np.median([len(d) for d in documents]))} tokens)"
+    rows += [
+        Row(name, "retrieval top-1", top1, len(queries), whole),
+        Row(name, "retrieval MRR", mrr, len(queries), whole),
+    ]
+    if teacher is not None:
+        embed = _teacher_embed(teacher, 256)
+        top1, mrr = retrieval_scores(_normalized(_embed_all(embed, queries)), _normalized(_embed_all(embed, documents)))
+        note = f"teacher {teacher.name}, first 256 tokens"
+        rows += [
+            Row(name, "retrieval top-1", top1, len(queries), note),
+            Row(name, "retrieval MRR", mrr, len(queries), note),
+        ]
+    return rows
+
+
+def evaluate(
+    path: str | Path,
+    data_dir: str | Path | None = None,
+    precision: str = "fp32",
+    work_dir: str | Path = "runs/eval",
+    teacher_dir: str | Path | None = None,
+) -> Report:
     """Every held-out score that applies to the model at `path` (module docstring)."""
     from model.tokenizer import bert_uncased_tokenizer
 
@@ -308,4 +459,23 @@ def evaluate(path: str | Path, data_dir: str | Path | None = None, precision: st
         if data_dir is None:
             raise ValueError("a classifier is scored on its labelled set's test split: give --data-dir to build it in")
         report.rows += score_classification(model, Path(data_dir))
+    teacher = _teacher(teacher_dir)
+    width = model.embedding_size
+    if teacher is not None and width == teacher.hidden_size:
+        report.rows.append(score_teacher_agreement(model, bert_uncased_tokenizer(), teacher))
+    long_tokenizer = bert_uncased_tokenizer(model_max_length=4096)
+    report.rows += score_retrieval(model, teacher, Path(work_dir) / "bbc-news-4096", long_tokenizer)
     return report
+
+
+def _teacher(teacher_dir):
+    """The teacher the embeddings are compared with: the given dir, else the default one where its
+    package is installed, else none (the teacher's rows are then left out)."""
+    from .teacher import Teacher, default_teacher_dir
+
+    if teacher_dir is None:
+        try:
+            teacher_dir = default_teacher_dir()
+        except ImportError:
+            return None
+    return Teacher.from_dir(teacher_dir)

@@ -179,6 +179,13 @@ class Teacher:
                    backend=backend)  # fmt: skip
 
     @property
+    def name(self) -> str:
+        """What the teacher is called: its config's `_name_or_path`, else its dir (a package's model dir
+        is named by the package)."""
+        named = self.config.get("_name_or_path")
+        return str(named) if named else (self.path.parent.name if self.path.name == "model" else self.path.name)
+
+    @property
     def hidden_size(self) -> int:
         return int(self.config["hidden_size"])
 
