@@ -321,6 +321,28 @@ def test_weights_too_large_for_float16_are_refused_by_name(tmp_path):
         )
 
 
+def test_model_card_of_a_distilled_model_names_its_teacher_its_evaluation_and_its_limits(tmp_path):
+    directory = init(tmp_path / "m")
+    card = json.loads((directory / "training_card.json").read_text())
+    card.update(stage="mlm", slices=[{"machine": {"cpu": "Some CPU"}}], distill={
+        "teacher_name": "all-MiniLM-L6-v2", "teacher_licence": "apache-2.0", "layer_pairs": [[1, 3], [2, 6]],
+        "settings": {"hidden_weight": 1.0, "hidden_kind": "cosine", "embedding_weight": 0.5},
+        "init_from_teacher": {"word_embeddings": "pca", "pca": {"explained_variance_fraction": 0.89},
+                              "position_embeddings": "first 128 of 128 rows, projected"},
+    })  # fmt: skip
+    (directory / "training_card.json").write_text(json.dumps(card))
+    report = {"rows": [{"set": "cloze (plain English)", "metric": "top-5", "value": 0.25, "count": 116, "note": ""}],
+              "examples": [{"text": "paris is the capital of [MASK].", "top5": ["france", "it"]}]}  # fmt: skip
+    (directory / "eval.json").write_text(json.dumps(report))
+    (directory / "limitations.md").write_text("It knows little about sports.\n")
+    bigs_cli.main(["hub-files", str(directory)])
+    body = (directory / "README.md").read_text()
+    assert "Distilled from **all-MiniLM-L6-v2** (licence: apache-2.0)" in body and "89.0% of their variance" in body
+    assert "- machine: Some CPU" in body
+    assert "| cloze (plain English) | top-5 | 0.2500 | 116 |" in body and "→ france, it" in body
+    assert "## Limitations\n\nIt knows little about sports." in body
+
+
 def test_hub_files_keeps_a_readme_it_did_not_write(tmp_path):
     directory = init(tmp_path / "m")
     (directory / "README.md").write_text("# my own notes\n")
@@ -333,9 +355,11 @@ def test_shipped_model_dirs_hold_what_the_code_writes_now(tmp_path, name):
     """models/*/ carry generated files: regenerating them from their config and cards changes nothing
     (after a change to the model code or to model/hub.py: `bigs hub-files models/*/`)."""
     shipped = ROOT / "models" / name
-    for f in ("config.json", "training_card.json", "pretraining_card.json", "README.md"):
+    for f in ("config.json", "training_card.json", "pretraining_card.json", "README.md", "eval.json", "limitations.md"):
         if (shipped / f).is_file():
             shutil.copy(shipped / f, tmp_path / f)
+    if (shipped / "2_Dense").is_dir():
+        shutil.copytree(shipped / "2_Dense", tmp_path / "2_Dense")
     copy = tmp_path.rename(tmp_path.parent / name)  # the card is titled by the dir's name
     for rel in hub.write_hub_files(copy):
         assert (shipped / rel).read_text() == (copy / rel).read_text(), f"models/{name}/{rel} is stale"

@@ -187,3 +187,9 @@ def test_same_width_student_copies_and_an_untied_decoder_is_set(teacher):
     assert not np.array_equal(
         fresh["s4_bert"]["embeddings"]["word_embeddings"]["embedding"], emb["word_embeddings"]["embedding"]
     )
+
+
+def test_the_default_teacher_is_named_and_licensed_by_its_model_card():
+    teacher = Teacher.from_dir(default_teacher_dir())
+    assert teacher.name == "all-MiniLM-L6-v2"
+    assert teacher.licence == "apache-2.0"

@@ -274,6 +274,8 @@ def _distillation(config: TrainConfig, module, params: dict, module_kwargs: dict
     objective = DistilledMLM(module, teacher, settings, matmul_dtype=module_kwargs["matmul_dtype"])
     card = {
         "teacher": str(teacher.path),
+        "teacher_name": teacher.name,
+        "teacher_licence": teacher.licence,
         "teacher_config": {k: teacher.config.get(k) for k in ("hidden_size", "num_hidden_layers", "_name_or_path")},
         "settings": settings.model_dump(),
         "layer_pairs": [list(p) for p in objective.pairs],

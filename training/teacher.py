@@ -180,10 +180,26 @@ class Teacher:
 
     @property
     def name(self) -> str:
-        """What the teacher is called: its config's `_name_or_path`, else its dir (a package's model dir
-        is named by the package)."""
-        named = self.config.get("_name_or_path")
-        return str(named) if named else (self.path.parent.name if self.path.name == "model" else self.path.name)
+        """What the teacher is called: its model card's title (README.md's first `# ` heading, as the
+        hub writes it), else its config's `_name_or_path`, else its dir."""
+        for line in self._readme().splitlines():
+            if line.startswith("# "):
+                return line[2:].strip()
+        return str(self.config.get("_name_or_path") or self.path.name)
+
+    @property
+    def licence(self) -> str | None:
+        """The `license:` of its model card's YAML front matter, where it has one."""
+        text = self._readme()
+        if text.startswith("---"):
+            for line in text.split("---")[1].splitlines():
+                if line.startswith("license:"):
+                    return line.partition(":")[2].strip()
+        return None
+
+    def _readme(self) -> str:
+        readme = self.path / "README.md"
+        return readme.read_text(encoding="utf-8", errors="replace") if readme.is_file() else ""
 
     @property
     def hidden_size(self) -> int:

@@ -41,6 +41,8 @@ MODELING = HERE / "modeling_bigs.py"
 CONFIG = "config.json"
 TRAINING_CARD = "training_card.json"
 MODEL_CARD = "README.md"
+EVALUATION = "eval.json"  # `bigs eval DIR --json DIR/eval.json`: its held-out table goes into the model card
+LIMITATIONS = "limitations.md"  # what the model is bad at, in words, under the card's "Limitations"
 
 # Each transformers Auto class → the BiGS class it builds, as "module.Class" of the files in the dir.
 # model/__init__.py registers the same classes for in-process use.
@@ -304,7 +306,15 @@ def describe_layers(config: dict, architecture: str) -> str:
     )
 
 
-def model_card(name: str, config: dict, card: dict | None, notes: list[str] = (), dense: Dense | None = None) -> str:
+def model_card(
+    name: str,
+    config: dict,
+    card: dict | None,
+    notes: list[str] = (),
+    dense: Dense | None = None,
+    evaluation: dict | None = None,
+    limitations: str | None = None,
+) -> str:
     """README.md text: YAML front matter (huggingface_hub's ModelCardData) and what the dir knows."""
     architecture = (config.get("architectures") or ["BiGSModel"])[0]
     meta = card_metadata(config, card)
@@ -340,6 +350,9 @@ def model_card(name: str, config: dict, card: dict | None, notes: list[str] = ()
     if config.get("id2label"):
         labels = ", ".join(str(v) for _, v in sorted(config["id2label"].items(), key=lambda kv: int(kv[0])))
         lines += [f"Labels: {labels}.", ""]
+    lines += evaluation_lines(evaluation)
+    if limitations:
+        lines += ["## Limitations", "", limitations.strip(), ""]
     lines += usage_section(architecture, dense)
     lines += [*notes, ""] if notes else []
     lines += [
@@ -360,11 +373,15 @@ def training_section(card: dict) -> list[str]:
         ("tokens seen", card.get("tokens_seen")),
         ("training wall time (s)", _round(card.get("train_wall_time_s"))),
         ("device", (card.get("device") or {}).get("device_kind")),
+        ("machine", ", ".join(sorted({(s.get("machine") or {}).get("cpu", "") for s in card.get("slices") or []} - {""}))
+         or None),
+        ("slices", len(card.get("slices") or []) or None),
         ("extended from", (card.get("extended_from") or {}).get("artifact")),
         ("fine-tuned from", card.get("fine_tuned_from")),
-    ]
+    ]  # fmt: skip
     lines += [f"- {k}: {v}" for k, v in facts if v is not None]
     lines.append("")
+    lines += distillation_lines(card.get("distill"))
     data = card.get("data") or {}
     sources = data.get("sources") or ({data["source"]["name"]: data["source"]} if data.get("source") else {})
     if sources:
@@ -393,6 +410,50 @@ def training_section(card: dict) -> list[str]:
             lines += ["", f"Majority-class baseline on test: accuracy {_round(baseline.get('accuracy'), 4)}."]
         lines.append("")
     return lines
+
+
+def distillation_lines(distill: dict | None) -> list[str]:
+    """What a distilled run took from its teacher (training/distill.py), from the card's `distill`."""
+    if not distill:
+        return []
+    settings = distill.get("settings") or {}
+    name = distill.get("teacher_name") or distill.get("teacher")
+    lines = [
+        f"Distilled from **{name}** (licence: {distill.get('teacher_licence') or 'see its model card'}), which "
+        "read the unmasked text while this model read the masked one:",
+        "",
+        f"- hidden states: weight {settings.get('hidden_weight')}, {settings.get('hidden_kind')}, "
+        f"(student, teacher) layer pairs {distill.get('layer_pairs')}",
+        f"- sentence embedding: weight {settings.get('embedding_weight')}",
+    ]
+    init = distill.get("init_from_teacher")
+    if init:
+        fraction = (init.get("pca") or {}).get("explained_variance_fraction")
+        kept = (
+            f", {fraction:.1%} of their variance kept"
+            if isinstance(fraction, float) and init.get("word_embeddings") == "pca"
+            else ""
+        )
+        lines.append(f"- initialised from the teacher: word embeddings {init.get('word_embeddings')}{kept}; "
+                     f"positions {init.get('position_embeddings')}")  # fmt: skip
+    return [*lines, ""]
+
+
+def evaluation_lines(report: dict | None) -> list[str]:
+    """`bigs eval --json`'s report (eval.json beside the weights) as a table."""
+    if not report:
+        return []
+    lines = ["## Held-out evaluation", "", "`bigs eval` on this dir (training/evaluation.py):", ""]
+    lines += ["| set | metric | value | n | note |", "|---|---|---|---|---|"]
+    for row in report.get("rows", []):
+        lines.append(
+            f"| {row['set']} | {row['metric']} | {row['value']:.4f} | {row['count']} | {row.get('note', '')} |"
+        )
+    examples = report.get("examples") or []
+    if examples:
+        lines += ["", "Some cloze answers (top 5):", ""]
+        lines += [f"- `{e['text']}` → {', '.join(e['top5'])}" for e in examples]
+    return [*lines, ""]
 
 
 def usage_section(architecture: str, dense: Dense | None = None) -> list[str]:
@@ -455,7 +516,10 @@ def write_model_card(out_dir: str | Path) -> bool:
     )
     # training writes RUN_DIR/artifact (training/stages.py): the run names the model there
     name = out_dir.resolve().name if out_dir.resolve().name != "artifact" else out_dir.resolve().parent.name
-    path.write_text(model_card(name, config, card, notes, read_dense(out_dir)), encoding="utf-8")
+    evaluation = json.loads((out_dir / EVALUATION).read_text()) if (out_dir / EVALUATION).is_file() else None
+    limitations = (out_dir / LIMITATIONS).read_text(encoding="utf-8") if (out_dir / LIMITATIONS).is_file() else None
+    card_text = model_card(name, config, card, notes, read_dense(out_dir), evaluation, limitations)
+    path.write_text(card_text, encoding="utf-8")
     return True
 
 
