@@ -19,7 +19,6 @@ written twice by training's writer, with and without a random Dense 64 → 48.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import time
 
@@ -356,10 +355,6 @@ def test_served_embeddings_are_the_projected_vectors(artifacts, exports, client)
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(
-    importlib.util.find_spec("sentence_transformers") is None,
-    reason="sentence-transformers is not installed: it is not a dependency of the project",
-)
 def test_sentence_transformers_computes_the_served_vectors(artifacts, exports, client):
     from sentence_transformers import SentenceTransformer
 

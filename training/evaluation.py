@@ -40,6 +40,9 @@ from pathlib import Path
 
 import numpy as np
 
+from service.buckets import bucket_for
+from service.postprocess import l2_normalize
+
 CLOZE_SET = Path(__file__).parent / "heldout" / "cloze-en.jsonl"
 HELD_OUT_MASK_SEED = 20261126  # fixed: every model is scored on the same masks
 
@@ -168,9 +171,8 @@ class ExportModel:
         self.card = _card(path)
 
     def _padded(self, ids: np.ndarray, mask: np.ndarray):
-        length = ids.shape[1]
-        bucket = next(b for b in self.buckets if b >= length)
-        pad = ((0, 0), (0, bucket - length))
+        bucket = bucket_for(ids.shape[1], self.buckets)
+        pad = ((0, 0), (0, bucket - ids.shape[1]))
         ids, mask = np.pad(ids, pad), np.pad(mask, pad)
         inputs = {"input_ids": ids, "attention_mask": mask, "token_type_ids": np.zeros_like(ids)}
         return bucket, {k: v.astype(np.int64) for k, v in inputs.items()}
@@ -185,11 +187,7 @@ class ExportModel:
 
     def embed(self, ids: np.ndarray, mask: np.ndarray) -> np.ndarray:
         bucket, inputs = self._padded(ids, mask)
-        return _normalized(self.runtime.run("embeddings", bucket, inputs))
-
-
-def _normalized(vectors: np.ndarray) -> np.ndarray:
-    return vectors / np.maximum(np.linalg.norm(vectors, axis=-1, keepdims=True), 1e-12)
+        return l2_normalize(self.runtime.run("embeddings", bucket, inputs))
 
 
 def _flax_embedding(config, path: Path):
@@ -212,7 +210,7 @@ def _flax_embedding(config, path: Path):
         vectors = np.asarray(pooled(params, ids, mask))
         if dense is not None:
             vectors = vectors @ dense.weight.T + dense.bias
-        return _normalized(vectors)
+        return l2_normalize(vectors)
 
     return embed
 
@@ -295,13 +293,10 @@ def score_classification(model, data_dir: Path, batch_size: int = 16) -> list[Ro
     from .data import build_labelled, open_split
     from .metrics import classification_report, majority_baseline
 
-    sources = (model.card.get("data") or {}).get("sources") or (model.card.get("config") or {}).get("data", {}).get(
-        "sources"
-    )
+    sources = ((model.card.get("config") or {}).get("data") or {}).get("sources")  # the run's settings
     if not sources:
         raise ValueError("the model's training card does not name its labelled set; nothing to score it on")
-    source = sources[0] if isinstance(sources, list) else next(iter(sources))
-    source = source if isinstance(source, str) else source.get("name")
+    source = sources[0]  # a classify stage reads exactly one labelled set
     tokenizer = bert_uncased_tokenizer(model_max_length=model.max_length)
     build_labelled(source, data_dir, max_length=min(model.max_length, 512), seed=0, tokenizer=tokenizer)
     train, test = open_split(data_dir, "train"), open_split(data_dir, "test")
@@ -380,7 +375,7 @@ def score_teacher_agreement(model, tokenizer, teacher) -> Row:
     texts = [item.text.replace("[MASK]", item.answers[0]) for item in read_cloze()]
     sequences = [np.asarray(ids) for ids in tokenizer(texts)["input_ids"]]
     ours = _embed_all(model.embed, sequences)
-    theirs = _normalized(_embed_all(_teacher_embed(teacher, 256), sequences))
+    theirs = l2_normalize(_embed_all(_teacher_embed(teacher, 256), sequences))
     cosine = float(np.mean(np.sum(ours * theirs, axis=-1)))
     return Row("cloze sentences, filled", "cosine with teacher", cosine, len(texts), teacher.name)
 
@@ -428,7 +423,9 @@ def score_retrieval(model, teacher, data_dir: Path, tokenizer) -> list[Row]:
     ]
     if teacher is not None:
         embed = _teacher_embed(teacher, 256)
-        top1, mrr = retrieval_scores(_normalized(_embed_all(embed, queries)), _normalized(_embed_all(embed, documents)))
+        top1, mrr = retrieval_scores(
+            l2_normalize(_embed_all(embed, queries)), l2_normalize(_embed_all(embed, documents))
+        )
         note = f"teacher {teacher.name}, first 256 tokens"
         rows += [
             Row(name, "retrieval top-1", top1, len(queries), note),
