@@ -463,6 +463,34 @@ def test_a_corpus_moved_as_its_token_store_and_card_is_packed_again_where_it_lan
         np.testing.assert_array_equal(open_split(moved, split, 32)[:], open_split(built, split, 32)[:])
 
 
+def test_a_repeated_source_fills_more_of_train_and_leaves_the_held_out_splits_as_they_were(tmp_path):
+    """train_repeats is a mixture weight: the named source's training documents appear N times in
+    train, scattered (not side by side), while validation and test are byte-for-byte the corpus
+    built without it, so held-out figures stay comparable across mixtures."""
+    a = write_text_corpus(tmp_path / "a", n=40, seed=0)
+    b = write_text_corpus(tmp_path / "b", n=40, seed=1)
+    plain = build_corpus([str(a), str(b)], tmp_path / "plain", seq_len=32, seed=1, fractions=(0.8, 0.1, 0.1))
+    mixed = build_corpus(
+        [str(a), str(b)], tmp_path / "mixed", seq_len=32, seed=1, fractions=(0.8, 0.1, 0.1), train_repeats={str(b): 3}
+    )
+    b_train = plain["sources"][str(b)]["splits"]["train"]
+    assert mixed["splits"]["train"]["documents"] == plain["splits"]["train"]["documents"] + 2 * b_train
+    assert mixed["sources"][str(b)]["train_repeats"] == 3 and "train_repeats" not in mixed["sources"][str(a)]
+    for split in ("validation", "test"):
+        np.testing.assert_array_equal(
+            open_split(tmp_path / "mixed", split, 32)[:], open_split(tmp_path / "plain", split, 32)[:]
+        )
+    ids = (tmp_path / "mixed" / "tokens" / "train" / "doc_ids.txt").read_text().split()
+    copies = [i for i in ids if i.endswith("#1") or i.endswith("#2")]
+    assert len(copies) == 2 * b_train
+    neighbours = sum(ids[k].split("#")[0] == ids[k + 1].split("#")[0] for k in range(len(ids) - 1))
+    assert neighbours < b_train  # seeded order, not blocks of copies
+    with pytest.raises(ValueError, match="train_repeats"):
+        build_corpus([str(a)], tmp_path / "bad", seq_len=32, train_repeats={str(b): 2})
+    # a corpus built before the option (no repeats) keeps matching its card
+    assert "train_repeats" not in plain["config"]
+
+
 def test_heldout_guard_keeps_labelled_test_docs_out_of_train(tmp_path, monkeypatch):
     """A labelled set built from the same texts as a pretraining source (as linux-doc-topic is
     from linux-doc): its validation/test documents must not be in the pretraining train split."""

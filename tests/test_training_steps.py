@@ -235,11 +235,13 @@ def test_test_truncations_are_refused_where_they_cannot_apply():
                                "data.test_truncations=[512]"])  # fmt: skip
 
 
-def test_every_recipe_parses_and_starts_from_a_recipe_that_runs_before_it():
+def test_every_recipe_parses_and_starts_from_a_recipe_that_runs_before_it_or_a_committed_default():
     recipes = {path.stem: load_config(path) for path in sorted((ROOT / "training" / "recipes").glob("*.toml"))}
     outputs = {str(Path(config.output_dir) / "artifact"): name for name, config in recipes.items()}
     for name, config in recipes.items():
-        if config.init_from:
+        if config.init_from and config.init_from.startswith("models/"):  # a committed default's weights
+            assert (ROOT / config.init_from / "model.safetensors").is_file(), f"{name}: no {config.init_from} here"
+        elif config.init_from:
             assert config.init_from in outputs, f"{name}: init_from {config.init_from} is no recipe's artifact"
             assert outputs[config.init_from] != name
         if config.data.data_dir:  # an extension reuses the corpus its first stage built

@@ -59,6 +59,11 @@ class DataSettings(_Section):
     sources: list[str] = Field(default_factory=lambda: ["linux-doc", "python-doc", "nlp-corpus"])
     seq_len: int = 128
     max_docs: int | None = Field(None, description="per source; None = all")
+    repeat: dict[str, int] = Field(
+        default_factory=dict,
+        description="mlm, extend: a mixture weight, {source: N}: that source's training documents read N times "
+        "per pass over the corpus (validation and test unchanged)",
+    )
     cache_dir: str | None = None
     data_dir: str | None = Field(None, description="prepared shards; default <output_dir>/data")
     text_column: str = "text"

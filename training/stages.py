@@ -215,7 +215,7 @@ def _masked_lm(config: TrainConfig, started: float) -> Path:
     tokenizer = bert_uncased_tokenizer(model_max_length=max(seq_len, 512))
     data_card = build_corpus(
         config.data.sources, data_dir, seq_len=seq_len, max_docs=config.data.max_docs, seed=config.seed,
-        cache_dir=config.data.cache_dir, tokenizer=tokenizer,
+        cache_dir=config.data.cache_dir, tokenizer=tokenizer, train_repeats=config.data.repeat,
     )  # fmt: skip
     if str(seq_len) not in data_card["packed"]:
         data_card = repack(data_dir, seq_len, tokenizer)

@@ -22,6 +22,7 @@ A labelled dir: data_card.json and <split>/ with input_ids/token_type_ids/labels
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import platform
 from collections.abc import Sequence
@@ -83,6 +84,21 @@ def _guard_sets(sources: Sequence[str], extra: Sequence[str]) -> list[str]:
     return list(dict.fromkeys([*names, *extra]))
 
 
+def _repeat_sources(
+    train: list[Document], per_source: dict[str, list[Document]], repeats: dict[str, int], sources_card: dict
+) -> list[Document]:
+    """The train split with each repeated source's documents N times; copy k > 0 gets the id
+    `<id>#k`, so the seeded order scatters the copies instead of packing them side by side."""
+    out = list(train)
+    for spec, n in repeats.items():
+        ids = {d.id for d in per_source[spec]}
+        mine = [d for d in train if d.id in ids]
+        for k in range(1, n):
+            out += [dataclasses.replace(d, id=f"{d.id}#{k}") for d in mine]
+        sources_card[spec]["train_repeats"] = n
+    return out
+
+
 def _read_card(out_dir: Path) -> dict | None:
     try:
         return json.loads((out_dir / CARD).read_text())
@@ -104,6 +120,7 @@ def build_corpus(
     source_options: dict[str, dict] | None = None,
     rows_per_shard: int | None = None,
     overwrite: bool = False,
+    train_repeats: dict[str, int] | None = None,
 ) -> dict:
     """Build a packed MLM corpus from `sources` into `out_dir`; returns the data card.
 
@@ -112,6 +129,9 @@ def build_corpus(
     unlabelled sources (labelled ones use their own stratified LABELLED_FRACTIONS split).
     exclude_heldout_of: more labelled registry sets (beyond the automatic ones) whose held-out
     texts must stay out of train. source_options: {spec: loader/builder kwargs}.
+    train_repeats: {spec: N}, a mixture weight: that source's training documents appear N times
+    in the train split (each copy in its own place in the seeded order); validation and test are
+    the same as without it, so held-out figures stay comparable across mixtures.
     An existing corpus with the same configuration is reused (only re-packed for a new seq_len).
     """
     out_dir = Path(out_dir)
@@ -126,6 +146,12 @@ def build_corpus(
         "exclude_heldout_of": list(exclude_heldout_of),
         "source_options": source_options,
     }
+    train_repeats = {spec: int(n) for spec, n in (train_repeats or {}).items() if int(n) != 1}
+    if train_repeats:  # only when used, so corpora built before the option still match their cards
+        unknown = sorted(set(train_repeats) - set(sources))
+        if unknown or any(n < 1 for n in train_repeats.values()):
+            raise ValueError(f"train_repeats must name sources of this corpus with N >= 1, got {train_repeats}")
+        config["train_repeats"] = train_repeats
     card = None if overwrite else _read_card(out_dir)
     if card is not None and card.get("config") == config:
         if not is_packed(out_dir, card, seq_len):
@@ -161,6 +187,8 @@ def build_corpus(
             before = len(splits["train"])
             splits["train"] = [d for d in splits["train"] if text_key(d.text) not in keys]
             guard[name] = {"heldout_documents": len(keys), "removed_from_train": before - len(splits["train"])}
+    if train_repeats:
+        splits["train"] = _repeat_sources(splits["train"], per_source, train_repeats, sources_card)
 
     tok_hash = config["tokenizer_hash"]
     split_card = {}
