@@ -17,15 +17,34 @@ now() { python3 -c 'import time; print(time.time())'; }  # portable: bash 3 has 
 since() { python3 -c 'import sys, time; print(f"{time.time() - float(sys.argv[1]):.1f}")' "$1"; }
 
 began=$(now)
-echo "install: torch (CPU) and the project into .venv (minutes on the first run; pip prints only problems)"
+echo "install: torch (CPU) and the project into .venv (a minute at most on the first run; only problems are printed)"
 if [ ! -x .venv/bin/python ]; then
   python3 -m venv .venv
 fi
 . .venv/bin/activate
-# --quiet keeps pip's warnings and errors, not its progress; no "new pip available" notice
-pip=(python -m pip install --quiet --disable-pip-version-check)
-"${pip[@]}" "torch==2.13.0"          # the CPU wheel; any other version pulls CUDA
-"${pip[@]}" -e ".[serve,export]"
+# A second run skips pip (seconds of resolving and an editable build) when .venv was set up by
+# this script from the same pyproject.toml and Python; delete .venv/bigs-install.stamp to force it.
+stamp=.venv/bigs-install.stamp
+wanted="$(python -c 'import hashlib, sys; print(hashlib.sha256(open("pyproject.toml", "rb").read()).hexdigest()[:16], sys.version.split()[0])')"
+if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$wanted" ]; then
+  echo "install: .venv is up to date"
+else
+  # --quiet keeps pip's warnings and errors, not its progress; no "new pip available" notice
+  pip=(python -m pip install --quiet --disable-pip-version-check)
+  # uv installs the same packages in parallel (seconds where pip takes a minute); it is handed pip's
+  # configuration (scripts/uv_args.py), so both resolve the same wheels. Without uv, pip does it.
+  if "${pip[@]}" uv 2>/dev/null; then
+    uv_args=()
+    while IFS= read -r arg; do uv_args+=("$arg"); done < <(python scripts/uv_args.py)
+    # torch pinned: the CPU wheel; any other version pulls CUDA
+    uv pip install --quiet --python "$(command -v python)" ${uv_args[@]+"${uv_args[@]}"} \
+      "torch==2.13.0" -e ".[serve,export]"
+  else
+    "${pip[@]}" "torch==2.13.0"
+    "${pip[@]}" -e ".[serve,export]"
+  fi
+  echo "$wanted" > "$stamp"
+fi
 install_s=$(since "$began")
 
 began=$(now)  # prepare: each artifact dir exported once
