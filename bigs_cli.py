@@ -49,6 +49,8 @@ BENCHMARKS = {
     "compare": "bench.compare",
     "default-size": "bench.default_size",
     "train": "bench.train_step",
+    "warm-up": "bench.warm_up",
+    "long-documents": "bench.long_documents",
 }
 
 

@@ -34,10 +34,12 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start_server(models: dict[str, str], max_batch_size: int) -> tuple[subprocess.Popen, str]:
+def start_server(models: dict[str, str], max_batch_size: int, **settings: str) -> tuple[subprocess.Popen, str]:
+    """`bigs serve` on a free port, once ready; `settings`: more BIGS_<NAME> variables (name lower-case)."""
     port = free_port()
     env = dict(os.environ, BIGS_MODELS=" ".join(f"{k}={v}" for k, v in models.items()),
-               BIGS_PORT=str(port), BIGS_MAX_BATCH_SIZE=str(max_batch_size), BIGS_MAX_IN_FLIGHT="1000")  # fmt: skip
+               BIGS_PORT=str(port), BIGS_MAX_BATCH_SIZE=str(max_batch_size), BIGS_MAX_IN_FLIGHT="1000",
+               **{f"BIGS_{k.upper()}": v for k, v in settings.items()})  # fmt: skip
     log = open(f"/tmp/bigs-bench-{port}.log", "w")  # noqa: SIM115  (lives as long as the server)
     proc = subprocess.Popen([sys.executable, "-m", "bigs_cli", "serve"], env=env, stdout=log, stderr=log)
     url = f"http://127.0.0.1:{port}"
