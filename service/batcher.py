@@ -137,11 +137,16 @@ class ModelBatcher:
                     failed += 1
         return failed
 
-    def warm_up(self, done: Callable[[int, int], object] | None = None) -> None:
-        """Run every shape once (blocking; called before the service says ready), bucket by bucket,
-        shortest first; `done(bucket, shapes)` after each (one start-up line per bucket, not per shape:
-        a model has dozens of shapes)."""
+    def warm_shapes(self) -> list[tuple[str, int, int]]:
+        """The shapes warm-up runs: all of them, or batch 1 of each (head, bucket) (`warmup_batches`)."""
         shapes = self.shapes()
+        return shapes if self.settings.warmup_batches == "all" else [s for s in shapes if s[2] == 1]
+
+    def warm_up(self, done: Callable[[int, int], object] | None = None) -> None:
+        """Run every warm-up shape once (blocking; called before the service says ready), bucket by
+        bucket, shortest first; `done(bucket, shapes)` after each (one start-up line per bucket, not per
+        shape: a model has dozens of shapes)."""
+        shapes = self.warm_shapes()
         for bucket in sorted({b for _, b, _ in shapes}):
             these = [(head, batch) for head, b, batch in shapes if b == bucket]
             for head, batch in these:

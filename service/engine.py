@@ -158,10 +158,10 @@ class ModelEngine:
     # -- lifecycle --------------------------------------------------------------------------
 
     def warm_up(self, done: Callable[[int, int], object] | None = None) -> int:
-        """Run every shape the batcher can emit (blocking); the number of shapes. `done(bucket, shapes)`
+        """Run the batcher's warm-up shapes (blocking); the number of shapes. `done(bucket, shapes)`
         after each bucket (the start-up's progress lines)."""
         self.batcher.warm_up(done)
-        return len(self.batcher.shapes())
+        return len(self.batcher.warm_shapes())
 
     def start(self) -> None:
         self.batcher.start()

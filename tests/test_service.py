@@ -715,6 +715,24 @@ def test_start_up_console_a_line_per_warmed_bucket_then_one_ready_line(startup):
     assert len(breakdown) == 1 and re.search(r"start-up: load [\d.]+ s, warm-up [\d.]+ s$", breakdown[0]), lines
 
 
+def test_warmup_batches_first_warms_batch_one_per_task_and_bucket_and_still_serves_larger_batches(start_server):
+    """`warmup_batches=first`: warm-up runs batch 1 of each (task, bucket) — 2 shapes per bucket for a
+    classifier (classification, embeddings) — and a batch the warm-up never ran is answered the same."""
+    s = start_server(("cls",), BIGS_WARMUP_BATCHES="first", BIGS_MAX_WAIT_MS="200")
+    lines = s.log(chars=10**7).splitlines()
+    warmed = [re.search(r"warm-up cls: bucket (\d+), (\d+) shapes", line) for line in lines]
+    assert [m.group(1, 2) for m in warmed if m] == [("128", "2"), ("512", "2"), ("1024", "2")], lines
+    assert any(re.search(r"loaded cls from .*: 6 shapes warmed", line) for line in lines), lines
+    texts = [f"text number {i} about a cat" for i in range(8)]
+    with httpx.Client(base_url=s.url, timeout=60) as client:
+        together = client.post("/v1/classify", json={"inputs": texts})  # one request, a batch of 8
+        alone = [client.post("/v1/classify", json={"inputs": t}).json()[0] for t in texts]
+    assert together.status_code == 200, together.text
+    for got, want in zip(together.json(), alone, strict=True):
+        assert [g["label"] for g in got] == [w["label"] for w in want]
+        np.testing.assert_allclose([g["score"] for g in got], [w["score"] for w in want], atol=1e-5)
+
+
 # -- metrics ----------------------------------------------------------------------------------
 
 
