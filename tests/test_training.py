@@ -103,6 +103,21 @@ def test_extension_keeps_short_inputs_unchanged_at_step_zero(pretrained):
     assert np.abs(np.asarray(after) - np.asarray(before)).max() <= 1e-5
 
 
+def test_tiling_from_the_first_rows_replaces_stale_rows_past_them(pretrained):
+    """A model continued at 128 tokens after an earlier extension: its rows past 128 are copies of an
+    older block; tile_from=128 tiles the current first 128 rows over them (short inputs unchanged)."""
+    _, params = load_artifact(pretrained[0])
+    longer = extend_positions(params, 512)
+    table = longer["s4_bert"]["embeddings"]["position_embeddings"]["embedding"]
+    table[:128] += 1.0  # the first block moved on; rows 128.. are stale
+    retiled = extend_positions(longer, 512, tile_from=128)["s4_bert"]["embeddings"]["position_embeddings"]["embedding"]
+    assert retiled.shape == (512, table.shape[1])
+    for start in (0, 128, 256, 384):
+        assert np.array_equal(retiled[start : start + 128], table[:128])
+    with pytest.raises(ValueError, match="tile_positions_from=1024"):
+        extend_positions(longer, 4096, tile_from=1024)
+
+
 def test_extend_stage_trains_at_the_longer_length(pretrained, tmp_path):
     artifact, _, base = pretrained
     overrides = [

@@ -40,6 +40,12 @@ class ModelSettings(_Section):
         "ssm", description="ssm (BiGS) or attention (stack + attention = BERT)"
     )
     num_attention_heads: int | None = Field(None, description="attention routing: default hidden_size / 64")
+    tile_positions_from: int | None = Field(
+        None,
+        ge=1,
+        description="extend: keep init_from's first N position rows and tile them to max_position_embeddings "
+        "(a model continued at N tokens after an earlier extension, whose rows past N are stale copies)",
+    )
 
     @model_validator(mode="after")
     def heads_divide_hidden_size(self) -> ModelSettings:

@@ -47,10 +47,15 @@ from .trainer import Trainer, TrainTask, maybe_initialize_distributed, plot_curv
 # ------------------------------------------------------------------------------------------
 
 
-def extend_positions(params: dict, new_length: int) -> dict:
-    """Tile the learned position embeddings up to `new_length` rows (rows [0, old) unchanged)."""
+def extend_positions(params: dict, new_length: int, tile_from: int | None = None) -> dict:
+    """Tile the learned position embeddings up to `new_length` rows (rows [0, old) unchanged).
+    `tile_from`: tile the first `tile_from` rows instead, over whatever the table held past them."""
     params = jax.tree_util.tree_map(np.asarray, params)
     table = params["s4_bert"]["embeddings"]["position_embeddings"]["embedding"]  # (old, d)
+    if tile_from is not None:
+        if tile_from > table.shape[0]:
+            raise ValueError(f"tile_positions_from={tile_from} is past the model's {table.shape[0]} positions")
+        table = table[:tile_from]
     old = table.shape[0]
     if new_length <= old:
         return params
@@ -209,7 +214,9 @@ def _masked_lm(config: TrainConfig, started: float) -> Path:
         # Positions grow to the longest of: the source, the training length, and
         # model.max_position_embeddings (train at 512, serve up to 4,096 from the same tiling).
         model_config.max_position_embeddings = max(old_length, seq_len, config.model.max_position_embeddings)
-        start_params = extend_positions(source_params, model_config.max_position_embeddings)
+        start_params = extend_positions(
+            source_params, model_config.max_position_embeddings, config.model.tile_positions_from
+        )
     else:
         model_config, start_params, old_length = None, None, None
     tokenizer = bert_uncased_tokenizer(model_max_length=max(seq_len, 512))
@@ -231,6 +238,8 @@ def _masked_lm(config: TrainConfig, started: float) -> Path:
     stage_card = _stage_card(config, data_card)
     if config.stage == "extend":
         stage_card["extended_from"] = {"artifact": str(config.init_from), "max_position_embeddings": old_length}
+        if config.model.tile_positions_from:
+            stage_card["extended_from"]["positions_tiled_from"] = config.model.tile_positions_from
     apply_fn, loss_sums, not_in_weights = module.apply, mlm_loss_sums, ()
     distilling = config.distill is not None
     with_dense = distilling and config.distill.embedding_weight > 0  # the embedding it fitted is served
