@@ -95,6 +95,21 @@ def test_a_distilled_run_goes_on_from_a_weights_dir_alone(distilled, tmp_path):
     assert (artifact / "model.safetensors").is_file()
 
 
+def test_an_extension_starts_its_sentence_projection_from_the_source_dense(distilled, tmp_path):
+    """An extend stage with a teacher goes on with the sentence projection its source is served with
+    (the artifact's 2_Dense), not a fresh one; at a learning rate of ~0 it comes out unchanged."""
+    from model.hub import read_dense
+
+    artifact, _, base = distilled
+    more = ("stage=extend", f"init_from={artifact}", "num_steps=1", "optim.learning_rate=1e-12")
+    extended = run(load_config(overrides=overrides(tmp_path / "run", base / "data", 1, *more)))
+    source, out = read_dense(artifact), read_dense(extended)
+    np.testing.assert_allclose(out.weight, source.weight, atol=1e-6)
+    np.testing.assert_allclose(out.bias, source.bias, atol=1e-6)
+    card = json.loads((extended / "training_card.json").read_text())
+    assert card["distill"]["sentence_projection"] == f"{artifact}: its 2_Dense"
+
+
 def test_the_objective_adds_each_weighted_mean_to_the_mlm_sum_per_masked_token():
     class Settings:
         hidden_weight, embedding_weight = 2.0, 0.5

@@ -21,6 +21,7 @@ import jax
 import numpy as np
 
 from model.configuration_bigs import BiGSConfig
+from model.hub import Dense, read_dense
 from model.modeling_flax_bigs import (
     FlaxBiGSForMaskedLMModule,
     FlaxBiGSForQuestionAnsweringModule,
@@ -244,8 +245,11 @@ def _masked_lm(config: TrainConfig, started: float) -> Path:
     distilling = config.distill is not None
     with_dense = distilling and config.distill.embedding_weight > 0  # the embedding it fitted is served
     if distilling:
+        # An extension goes on with the sentence projection its source was served with (its 2_Dense):
+        # a fresh one would pull the backbone toward an unfitted map in the extension's few steps.
+        sentence_from = read_dense(config.init_from) if config.stage == "extend" else None
         objective, params, stage_card["distill"] = _distillation(
-            config, module, params, module_kwargs, fresh=start_params is None
+            config, module, params, module_kwargs, fresh=start_params is None, sentence_from=sentence_from
         )
         apply_fn, loss_sums, not_in_weights = objective.apply_fn, objective.loss_sums, (PROJECTIONS_KEY,)
     eval_batches = mlm_eval_batches(
@@ -268,9 +272,12 @@ def _masked_lm(config: TrainConfig, started: float) -> Path:
     return _finish(config, trainer, model_config, "BiGSForMaskedLM", card, tokenizer, with_dense)
 
 
-def _distillation(config: TrainConfig, module, params: dict, module_kwargs: dict, fresh: bool):
+def _distillation(
+    config: TrainConfig, module, params: dict, module_kwargs: dict, fresh: bool, sentence_from: Dense | None = None
+):
     """The teacher's objective, the params with its projections added (and, for a student trained from
-    scratch, the teacher's embeddings), and what the card records of both."""
+    scratch, the teacher's embeddings), and what the card records of both. `sentence_from`: a Dense
+    (d_s → d_t) the sentence projection starts from instead of a fresh one."""
     settings = config.distill
     teacher_dir = default_teacher_dir() if settings.teacher == "default" else Path(settings.teacher)
     teacher = Teacher.from_dir(teacher_dir)
@@ -295,8 +302,15 @@ def _distillation(config: TrainConfig, module, params: dict, module_kwargs: dict
         kernel = np.eye(d_t)[:, :d_s].T if d_s == d_t else fit_pca(teacher.word_embeddings, d_s)[1].T
     if fresh and settings.init_from_teacher:
         params, card["init_from_teacher"] = init_from_teacher(params, teacher, module.config)
-    params = {**params, PROJECTIONS_KEY: objective.init_projections(config.seed, kernel)}
+    projections = objective.init_projections(config.seed, kernel)
     card["projections"] = "PCA axes transposed" if kernel is not None else "random"
+    if sentence_from is not None and (sentence_from.in_features, sentence_from.out_features) == (d_s, d_t):
+        projections["sentence"] = {
+            "kernel": np.asarray(sentence_from.weight.T, np.float32),
+            "bias": np.asarray(sentence_from.bias, np.float32),
+        }
+        card["sentence_projection"] = f"{config.init_from}: its 2_Dense"
+    params = {**params, PROJECTIONS_KEY: projections}
     return objective, params, card
 
 
