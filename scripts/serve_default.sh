@@ -37,8 +37,10 @@ else
     uv_args=()
     while IFS= read -r arg; do uv_args+=("$arg"); done < <(python scripts/uv_args.py)
     # torch pinned: the CPU wheel; any other version pulls CUDA
-    uv pip install --quiet --python "$(command -v python)" ${uv_args[@]+"${uv_args[@]}"} \
-      "torch==2.13.0" -e ".[serve,export]"
+    # unsafe-best-match: the newest version across all indexes, as pip picks (uv's own default takes
+    # the first index that has a package, which here gave an older onnxruntime that export fails on)
+    uv pip install --quiet --index-strategy unsafe-best-match --python "$(command -v python)" \
+      ${uv_args[@]+"${uv_args[@]}"} "torch==2.13.0" -e ".[serve,export]"
   else
     "${pip[@]}" "torch==2.13.0"
     "${pip[@]}" -e ".[serve,export]"
