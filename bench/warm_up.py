@@ -11,7 +11,7 @@ the policy runs, then run every shape twice more and time both: the first is wha
 that shape pays after this warm-up, the second is the warm cost. Prints, per model and policy:
 load seconds, warm-up seconds and shapes, and over the shapes the first run's extra cost (total,
 worst, and at batch 1 of each bucket). Policies: `all` = every shape (the service's warm-up),
-`bucket` = each (head, bucket) at batch 1, `none`. The CPU is printed first.
+`first` = each (head, bucket) at batch 1 (the service's warmup_batches=first), `none`. The CPU is printed first.
 """
 
 from __future__ import annotations
@@ -24,13 +24,13 @@ import time
 
 from export.cpu import cpu_description
 
-POLICIES = ("all", "bucket", "none")
+POLICIES = ("all", "first", "none")
 
 
 def warm_set(policy: str, shapes: list[tuple[str, int, int]]) -> list[tuple[str, int, int]]:
     if policy == "all":
         return shapes
-    if policy == "bucket":
+    if policy == "first":
         return [s for s in shapes if s[2] == 1]
     if policy == "none":
         return []

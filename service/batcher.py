@@ -9,7 +9,8 @@ are on their way (admitted and being tokenized), it waits for them until that qu
 batch (token budget bucket × batch ≤ max_batch_tokens, and max_batch_size) or until max_wait_ms
 have passed since that oldest input arrived, whichever is first; with nothing on its way it runs
 at once, so a lone request never waits for company that is not coming. It takes the largest
-power of two of the inputs ready — batch shapes stay within the set that was warmed up — and
+power of two of the inputs ready — batch shapes stay within a small set, each (task, bucket) warmed
+up at batch 1 at least (`warmup_batches`) — and
 runs them in its worker thread (ONNX Runtime and XLA release the GIL). Inputs whose client has
 gone or whose deadline has passed are dropped before they cost anything.
 """
@@ -138,9 +139,13 @@ class ModelBatcher:
         return failed
 
     def warm_shapes(self) -> list[tuple[str, int, int]]:
-        """The shapes warm-up runs: all of them, or batch 1 of each (head, bucket) (`warmup_batches`)."""
+        """The shapes warm-up runs: all of them, or batch 1 of each (head, bucket) (`warmup_batches`;
+        auto: all where the runtime compiles per shape, i.e. XLA)."""
         shapes = self.shapes()
-        return shapes if self.settings.warmup_batches == "all" else [s for s in shapes if s[2] == 1]
+        policy = self.settings.warmup_batches
+        if policy == "auto":
+            policy = "all" if self.runtime.kind == "stablehlo" else "first"
+        return shapes if policy == "all" else [s for s in shapes if s[2] == 1]
 
     def warm_up(self, done: Callable[[int, int], object] | None = None) -> None:
         """Run every warm-up shape once (blocking; called before the service says ready), bucket by

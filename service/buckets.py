@@ -3,7 +3,7 @@
 The model is pad-invariant (SSM inputs are zeroed at pad positions), so padding changes cost,
 not answers. Each exported graph has one sequence length, so buckets are also the shapes the
 runtime knows. Batch sizes are powers of two up to what the token budget allows, so the set of
-(bucket, batch) shapes is small and every one of them is warmed up before the service is ready.
+(bucket, batch) shapes is small; warm-up runs each bucket at batch 1 (or every shape: warmup_batches).
 """
 
 from __future__ import annotations

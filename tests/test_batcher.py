@@ -657,16 +657,30 @@ def test_fill_mask_jobs_get_back_only_their_own_mask_positions():
 
 def test_warm_up_reports_each_bucket_once_shortest_first_with_its_shapes():
     runtime = FakeRuntime(heads=("fill-mask", "classification"), buckets=[1024, 16])
-    batcher = ModelBatcher(MODEL, runtime, settings(max_batch_tokens=4096, max_batch_size=8), ServiceMetrics())
+    every = settings(max_batch_tokens=4096, max_batch_size=8, warmup_batches="all")
+    batcher = ModelBatcher(MODEL, runtime, every, ServiceMetrics())
     done = []
     batcher.warm_up(lambda bucket, shapes: done.append((bucket, shapes, len(runtime.calls))))
     # 16: batches 1, 2, 4, 8 for each of two heads; 1024: 1, 2, 4; each reported after its runs
     assert done == [(16, 8, 8), (1024, 6, 14)]
 
 
-def test_warm_up_runs_every_shape_exactly_once():
+def test_warm_up_first_runs_batch_one_of_each_head_and_bucket_and_auto_all_only_where_xla_compiles():
+    for policy, kind, sizes in (("first", "fake", [1]), ("auto", "fake", [1]), ("auto", "stablehlo", [1, 2, 4, 8])):
+        runtime = FakeRuntime(heads=("fill-mask", "classification"), buckets=[16])
+        runtime.kind = kind
+        chosen = settings(max_batch_tokens=4096, max_batch_size=8, warmup_batches=policy)
+        batcher = ModelBatcher(MODEL, runtime, chosen, ServiceMetrics())
+        batcher.warm_up()
+        want = sorted((h, 16, n) for h in runtime.heads for n in sizes)
+        assert sorted((c.head, c.bucket, c.size) for c in runtime.calls) == want, (policy, kind)
+        assert sorted(batcher.warm_shapes()) == want and len(batcher.shapes()) == 8
+
+
+def test_warm_up_all_runs_every_shape_exactly_once():
     runtime = FakeRuntime(heads=("fill-mask", "classification"), buckets=[16, 1024])
-    batcher = ModelBatcher(MODEL, runtime, settings(max_batch_tokens=4096, max_batch_size=8), ServiceMetrics())
+    every = settings(max_batch_tokens=4096, max_batch_size=8, warmup_batches="all")
+    batcher = ModelBatcher(MODEL, runtime, every, ServiceMetrics())
     batcher.warm_up()
     want = [(h, b, n) for h in runtime.heads for b, sizes in ((16, [1, 2, 4, 8]), (1024, [1, 2, 4])) for n in sizes]
     assert sorted(batcher.shapes()) == sorted(want)
