@@ -27,26 +27,23 @@ from export.cpu import cpu_description
 POLICIES = ("all", "first", "none")
 
 
-def warm_set(policy: str, shapes: list[tuple[str, int, int]]) -> list[tuple[str, int, int]]:
-    if policy == "all":
-        return shapes
-    if policy == "first":
-        return [s for s in shapes if s[2] == 1]
-    if policy == "none":
-        return []
-    raise ValueError(f"unknown policy {policy!r} (one of {', '.join(POLICIES)})")
+def check_policy(policy: str) -> None:
+    if policy not in POLICIES:
+        raise ValueError(f"unknown policy {policy!r} (one of {', '.join(POLICIES)})")
 
 
 def measure(export_dir: str, policy: str, precision: str) -> dict:
     """In this process: load, warm up by `policy`, then every shape's first and second run (ms)."""
     from export.heads import placeholder_inputs
     from export.manifest import read_manifest
-    from service.buckets import batch_sizes
+    from service.batcher import ModelBatcher
     from service.cpu_features import precision_for_model
+    from service.metrics import ServiceMetrics
     from service.runtimes import load_runtime
     from service.settings import ServiceSettings
 
-    settings = ServiceSettings(precision=precision)
+    # the service's own shape set and warm-up policy (ModelBatcher), so the bench measures what it runs
+    settings = ServiceSettings(precision=precision, warmup_batches="all" if policy == "none" else policy)
     started = time.perf_counter()
     manifest = read_manifest(export_dir)
     choice = precision_for_model(settings.precision, settings.runtime, manifest)
@@ -55,12 +52,8 @@ def measure(export_dir: str, policy: str, precision: str) -> dict:
         settings.ort_shared_arena, choice.by_bucket,
     )  # fmt: skip
     load_s = time.perf_counter() - started
-    shapes = [
-        (head, bucket, batch)
-        for head in runtime.heads
-        for bucket in sorted(runtime.buckets)
-        for batch in batch_sizes(bucket, settings.max_batch_tokens, settings.max_batch_size)
-    ]
+    batcher = ModelBatcher("bench", runtime, settings, ServiceMetrics())
+    shapes = batcher.shapes()
 
     def run_ms(shape) -> float:
         head, bucket, batch = shape
@@ -70,7 +63,7 @@ def measure(export_dir: str, policy: str, precision: str) -> dict:
         return (time.perf_counter() - begun) * 1e3
 
     started = time.perf_counter()
-    warmed = warm_set(policy, shapes)
+    warmed = [] if policy == "none" else batcher.warm_shapes()
     for shape in warmed:
         run_ms(shape)
     warm_s = time.perf_counter() - started
@@ -124,7 +117,7 @@ def main() -> None:
     for spec in args.model:
         name, _, export_dir = spec.partition("=")
         for policy in args.policies.split(","):
-            warm_set(policy, [])  # an unknown policy fails before any process starts
+            check_policy(policy)  # an unknown policy fails before any process starts
             out = subprocess.run(
                 [sys.executable, "-m", "bench.warm_up", "--model", spec, "--precision", args.precision,
                  "--child", export_dir, policy],
