@@ -307,7 +307,11 @@ def client(exports):
     from service.app import create_app
     from service.settings import ServiceSettings
 
-    settings = ServiceSettings(models=[f"dense={exports['dense']}", f"plain={exports['plain']}"], warmup=False)
+    # fp32: the claim is the projection. auto would serve the int8 variant wherever its gate passes, and
+    # whether it passes depends on the CPU (it fails on some, passes on others), not on this code
+    settings = ServiceSettings(
+        models=[f"dense={exports['dense']}", f"plain={exports['plain']}"], warmup=False, precision="fp32"
+    )
     with TestClient(create_app(settings)) as c:
         deadline = time.perf_counter() + 300
         while c.get("/ready").status_code != 200:
