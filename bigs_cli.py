@@ -469,13 +469,14 @@ def build_parser() -> argparse.ArgumentParser:
 
     train = sub.add_parser(
         "train",
-        help="train in JAX: mlm (pretraining), extend (longer inputs), classify, qa, tokens (fine-tuning)",
+        help="train in JAX: mlm (pretraining), extend (longer inputs), embed (an embedding model from a teacher), "
+        "classify, qa, tokens (fine-tuning)",
         description="Settings come from --config (JSON/TOML/YAML) and key=value overrides, e.g. "
         "bigs train mlm --config run.toml optim.learning_rate=1e-4 data.sources='[\"kjv\"]'",
         formatter_class=argparse.RawDescriptionHelpFormatter,
         populate=lambda p: setattr(p, "epilog", config_keys_help()),
     )
-    train.add_argument("stage", choices=["mlm", "extend", "classify", "qa", "tokens"])
+    train.add_argument("stage", choices=["mlm", "extend", "embed", "classify", "qa", "tokens"])
     train.add_argument("--config", default=None, help="run config file (JSON, TOML or YAML)")
     train.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="e.g. num_steps=1000 output_dir=runs/x")
     train.add_argument(

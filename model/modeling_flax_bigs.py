@@ -571,6 +571,32 @@ class FlaxBiGSOnlyMLMHead(nn.Module):
         )(hidden_states, shared_embedding)
 
 
+class FlaxBiGSEncoderModelModule(nn.Module):
+    """The bare encoder in torch `BiGSModel`'s tree (the backbone under `s4_bert`, with the pooler that
+    BiGSModel always carries): (last hidden state (B, L, d), hidden states). What an embedding model
+    trains; its pooler is carried so the artifact loads whole, and is not run."""
+
+    config: BiGSConfig
+    dtype: jnp.dtype = jnp.float32
+    matmul_dtype: jnp.dtype | None = None
+
+    @nn.compact
+    def __call__(
+        self,
+        input_ids,
+        attention_mask=None,
+        token_type_ids=None,
+        position_ids=None,
+        deterministic: bool = True,
+        output_hidden_states: bool = False,
+    ):
+        backbone = FlaxBiGSModule(self.config, dtype=self.dtype, matmul_dtype=self.matmul_dtype, name="s4_bert")
+        X, _, all_hidden = backbone(
+            input_ids, attention_mask, token_type_ids, position_ids, deterministic, output_hidden_states
+        )
+        return X, all_hidden
+
+
 class FlaxBiGSForSequenceClassificationModule(nn.Module):
     """Classification / regression logits (B, num_labels) from the pooled output."""
 

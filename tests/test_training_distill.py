@@ -134,7 +134,7 @@ def test_a_teacher_is_refused_where_it_cannot_read_the_sequences(tmp_path):
 
 
 def test_distill_applies_to_the_mlm_stages_only(tmp_path):
-    with pytest.raises(ValueError, match="applies to the mlm and extend stages"):
+    with pytest.raises(ValueError, match="applies to the mlm, extend and embed stages"):
         load_config(overrides=["stage=classify", "init_from=x", 'data.sources=["bbc-news"]', "distill={}"])
 
 

@@ -76,6 +76,13 @@ class DataSettings(_Section):
     text_pair_column: str | None = None
     label_column: str = "label"
     mask_prob: float = 0.15
+    crop_fraction: float = Field(
+        0.5,
+        ge=0,
+        le=1,
+        description="embed: the share of rows cut short (at their first document's end, else at a random length), "
+        "so short texts are embedded in training as well as full rows",
+    )
     test_truncations: list[int] = Field(
         default_factory=list,
         description="classify: also score the test split cut to these lengths (what a long input buys)",
@@ -120,13 +127,15 @@ class DistillSettings(_Section):
 
 
 class TrainConfig(_Section):
-    stage: Literal["mlm", "extend", "classify", "qa", "tokens"] = "mlm"
+    stage: Literal["mlm", "extend", "embed", "classify", "qa", "tokens"] = "mlm"
     output_dir: str = "runs/bigs"
     init_from: str | None = Field(None, description="artifact dir to start from (extend, classify)")
     model: ModelSettings = Field(default_factory=ModelSettings)
     data: DataSettings = Field(default_factory=DataSettings)
     optim: OptimSettings = Field(default_factory=OptimSettings)
-    distill: DistillSettings | None = Field(None, description="mlm, extend: a teacher's losses beside the MLM loss")
+    distill: DistillSettings | None = Field(
+        None, description="mlm, extend: a teacher's losses beside the MLM loss; embed: the teacher's losses alone"
+    )
     batch_size: int = Field(32, description="global batch per optimizer step (all devices, all micro-steps)")
     grad_accum_steps: int = 1
     num_steps: int = 1000
@@ -176,10 +185,15 @@ class TrainConfig(_Section):
     @model_validator(mode="after")
     def stage_inputs(self) -> TrainConfig:
         """What a stage needs besides the defaults, checked when the config is read (not after the
-        data is built): extend and classify start from an artifact; classify reads one labelled set."""
-        if self.stage in ("extend", "classify", "qa", "tokens") and not self.init_from:
+        data is built): extend, embed and classify start from an artifact; classify reads one labelled
+        set; embed learns from a teacher's sentence embedding."""
+        if self.stage in ("extend", "embed", "classify", "qa", "tokens") and not self.init_from:
             what = "the shorter artifact to continue from" if self.stage == "extend" else "an MLM artifact dir"
             raise ValueError(f"stage {self.stage} needs init_from: {what}")
+        if self.stage == "embed" and (self.distill is None or self.distill.embedding_weight <= 0):
+            raise ValueError(
+                "stage embed learns the teacher's sentence embedding: it needs [distill] embedding_weight > 0"
+            )
         if self.stage in ("classify", "qa", "tokens") and len(self.data.sources) != 1:
             raise ValueError(f"stage {self.stage} takes one labelled source, got {self.data.sources}")
         cuts = self.data.test_truncations
@@ -187,8 +201,8 @@ class TrainConfig(_Section):
             raise ValueError("data.test_truncations applies to classify on single texts (pairs are cut differently)")
         if any(not 4 <= n < self.data.seq_len for n in cuts):
             raise ValueError(f"data.test_truncations {cuts}: each must be at least 4 and below data.seq_len")
-        if self.distill is not None and self.stage not in ("mlm", "extend"):
-            raise ValueError(f"[distill] applies to the mlm and extend stages, not {self.stage}")
+        if self.distill is not None and self.stage not in ("mlm", "extend", "embed"):
+            raise ValueError(f"[distill] applies to the mlm, extend and embed stages, not {self.stage}")
         if self.resume and self.warm_start:
             raise ValueError("resume (from a checkpoint) and warm_start (from a weights dir) exclude each other")
         return self

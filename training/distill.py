@@ -122,16 +122,10 @@ def student_params(params: dict) -> dict:
     return {k: v for k, v in params.items() if k != PROJECTIONS_KEY}
 
 
-class DistilledMLM:
-    """The MLM loss with a teacher's losses beside it, as a (apply_fn, loss_sums) pair for the trainer.
-
-    `apply_fn` runs the student on the masked text (with its hidden states) and the frozen teacher on
-    `unmasked_input_ids` inside the same jit, and returns (logits, {loss name: mean}); `loss_sums`
-    adds the weighted means to the MLM sum as mean × count, so the trainer's division by the count of
-    masked tokens gives MLM mean + Σ weight × distillation mean, and reports each part beside it
-    (`mlm_loss`, `hidden_loss`, `embedding_loss`). The params are the student's tree plus
-    `PROJECTIONS_KEY`: one projection per layer pair, and one for the sentence embedding.
-    """
+class _TeacherObjective:
+    """What both objectives share: the frozen teacher, its params as JAX arrays, the layer pairs, and
+    the projections (one per layer pair, one for the sentence embedding) that train beside the student
+    under `PROJECTIONS_KEY`."""
 
     def __init__(self, module, teacher, settings, matmul_dtype=None):
         self.module = module
@@ -162,19 +156,10 @@ class DistilledMLM:
             "sentence": init_projection(keys[-1], d_s, d_t, kernel),
         }
 
-    def apply_fn(self, variables, input_ids, attention_mask=None, token_type_ids=None, logits_positions=None,
-                 unmasked_input_ids=None, deterministic=True, rngs=None):  # fmt: skip
-        params = variables["params"]
-        logits, student_hidden = self.module.apply(
-            {"params": student_params(params)}, input_ids, attention_mask, token_type_ids,
-            deterministic=deterministic, logits_positions=logits_positions, output_hidden_states=True, rngs=rngs,
-        )  # fmt: skip
-        if self.settings.hidden_weight == 0 and self.settings.embedding_weight == 0:
-            return logits, {}  # the teacher's embeddings only (init_from_teacher): no forward pass to pay
-        if unmasked_input_ids is None:
-            raise ValueError("a distilled MLM batch carries unmasked_input_ids (the text the teacher reads)")
+    def teacher_losses(self, params, student_hidden, teacher_input_ids, attention_mask, token_type_ids) -> dict:
+        """{loss name: mean} of the losses whose weight is > 0: the teacher reads `teacher_input_ids`."""
         teacher = self.teacher.apply_jax(
-            self.teacher_params, unmasked_input_ids, attention_mask, token_type_ids, matmul_dtype=self.matmul_dtype
+            self.teacher_params, teacher_input_ids, attention_mask, token_type_ids, matmul_dtype=self.matmul_dtype
         )
         projections = params[PROJECTIONS_KEY]
         losses = {}
@@ -188,6 +173,41 @@ class DistilledMLM:
             losses["embedding_loss"] = sentence_embedding_loss(
                 student_hidden[-1], attention_mask, projections["sentence"], teacher.sentence_embedding
             )
+        return losses
+
+    def weighted(self, losses: dict, n):
+        """(Σ weight × mean × n, {name: mean × n}): the losses as sums over `n` counted items."""
+        weights = {"hidden_loss": self.settings.hidden_weight, "embedding_loss": self.settings.embedding_weight}
+        total, parts = 0.0, {}
+        for name, mean in losses.items():
+            total = total + weights[name] * mean * n
+            parts[name] = mean * n
+        return total, parts
+
+
+class DistilledMLM(_TeacherObjective):
+    """The MLM loss with a teacher's losses beside it, as a (apply_fn, loss_sums) pair for the trainer.
+
+    `apply_fn` runs the student on the masked text (with its hidden states) and the frozen teacher on
+    `unmasked_input_ids` inside the same jit, and returns (logits, {loss name: mean}); `loss_sums`
+    adds the weighted means to the MLM sum as mean × count, so the trainer's division by the count of
+    masked tokens gives MLM mean + Σ weight × distillation mean, and reports each part beside it
+    (`mlm_loss`, `hidden_loss`, `embedding_loss`). The params are the student's tree plus
+    `PROJECTIONS_KEY`: one projection per layer pair, and one for the sentence embedding.
+    """
+
+    def apply_fn(self, variables, input_ids, attention_mask=None, token_type_ids=None, logits_positions=None,
+                 unmasked_input_ids=None, deterministic=True, rngs=None):  # fmt: skip
+        params = variables["params"]
+        logits, student_hidden = self.module.apply(
+            {"params": student_params(params)}, input_ids, attention_mask, token_type_ids,
+            deterministic=deterministic, logits_positions=logits_positions, output_hidden_states=True, rngs=rngs,
+        )  # fmt: skip
+        if self.settings.hidden_weight == 0 and self.settings.embedding_weight == 0:
+            return logits, {}  # the teacher's embeddings only (init_from_teacher): no forward pass to pay
+        if unmasked_input_ids is None:
+            raise ValueError("a distilled MLM batch carries unmasked_input_ids (the text the teacher reads)")
+        losses = self.teacher_losses(params, student_hidden, unmasked_input_ids, attention_mask, token_type_ids)
         return logits, losses
 
     def loss_sums(self, outputs, labels):
@@ -195,11 +215,38 @@ class DistilledMLM:
 
         logits, losses = outputs
         mlm_sum, count, extra = mlm_loss_sums(logits, labels)
-        weights = {"hidden_loss": self.settings.hidden_weight, "embedding_loss": self.settings.embedding_weight}
-        n = count.astype(jnp.float32)
-        total = mlm_sum
-        parts = {"mlm_loss": mlm_sum}
-        for name, mean in losses.items():
-            total = total + weights[name] * mean * n
-            parts[name] = mean * n
-        return total, count, {**extra, **parts}
+        distilled, parts = self.weighted(losses, count.astype(jnp.float32))
+        return mlm_sum + distilled, count, {**extra, "mlm_loss": mlm_sum, **parts}
+
+
+class DistilledEmbedding(_TeacherObjective):
+    """A dedicated embedding model: the teacher's losses alone, no MLM. Student and teacher read the
+    same, unmasked text (what an embedding model is asked to embed); the sentence-embedding loss is the
+    objective, the hidden-state loss (where weighted) keeps the layers near the teacher's.
+
+    `module` is the bare encoder (`FlaxBiGSEncoderModelModule`: (last hidden, hidden states)).
+    `apply_fn` returns (the student's projected, normalised embeddings (B, d_t), {loss name: mean});
+    `loss_sums` counts rows: labels (B,) are 1 for a row that counts, −100 for a filler row, so the
+    trainer's division gives Σ weight × mean per row and reports each loss beside it.
+    """
+
+    def apply_fn(self, variables, input_ids, attention_mask=None, token_type_ids=None, deterministic=True,
+                 rngs=None):  # fmt: skip
+        params = variables["params"]
+        if attention_mask is None:
+            attention_mask = jnp.ones_like(input_ids)
+        if token_type_ids is None:
+            token_type_ids = jnp.zeros_like(input_ids)
+        _, student_hidden = self.module.apply(
+            {"params": student_params(params)}, input_ids, attention_mask, token_type_ids,
+            deterministic=deterministic, output_hidden_states=True, rngs=rngs,
+        )  # fmt: skip
+        losses = self.teacher_losses(params, student_hidden, input_ids, attention_mask, token_type_ids)
+        embedding = pooled_student_embedding(student_hidden[-1], attention_mask, params[PROJECTIONS_KEY]["sentence"])
+        return embedding, losses
+
+    def loss_sums(self, outputs, labels):
+        _, losses = outputs
+        count = jnp.sum(labels != -100)
+        total, parts = self.weighted(losses, count.astype(jnp.float32))
+        return total, count, parts

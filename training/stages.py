@@ -4,6 +4,9 @@ mlm       masked-LM pretraining from scratch at a short length (128)
 extend    continued MLM pretraining at a longer length (512 … 4096) from a shorter artifact:
           position embeddings grow by tiling the learned ones (the Longformer protocol the
           paper follows), so the model behaves exactly as before on short inputs at step 0
+embed     a dedicated embedding model (BiGSModel + its 2_Dense) from an artifact: a teacher's
+          sentence embedding (and hidden states) on the unmasked text, no MLM; positions grow as
+          in extend, so it can be trained at 128 and then at 512 for 4,096-token inputs
 classify  fine-tuning a sequence classifier from an MLM artifact (single texts or pairs,
           documents up to 4,096 tokens)
 qa        fine-tuning extractive question answering (start/end of the answer span) from an MLM
@@ -23,6 +26,7 @@ import numpy as np
 from model.configuration_bigs import BiGSConfig
 from model.hub import Dense, read_dense
 from model.modeling_flax_bigs import (
+    FlaxBiGSEncoderModelModule,
     FlaxBiGSForMaskedLMModule,
     FlaxBiGSForQuestionAnsweringModule,
     FlaxBiGSForSequenceClassificationModule,
@@ -35,7 +39,7 @@ from training.data.spans import encode_qa, encode_tagged, label_names, read_squa
 
 from .artifact import device_description, load_artifact, write_artifact
 from .config import TrainConfig
-from .distill import PROJECTIONS_KEY, DistilledMLM, student_params
+from .distill import PROJECTIONS_KEY, DistilledEmbedding, DistilledMLM, student_params
 from .metrics import classification_report, entity_f1, majority_baseline, squad_scores
 from .precision import compute_precision
 from .slices import weights_dir
@@ -134,6 +138,61 @@ def mlm_eval_batches(
     return batches
 
 
+# An embedding model's rows: the shortest crop kept when a row has no document end to cut at.
+MIN_CROP_TOKENS = 8
+
+
+def embedding_batch(ids: np.ndarray, pad_id: int, sep_id: int, crop_fraction: float, seed: int, step: int):
+    """An embedding model's batch of packed rows, unmasked (student and teacher read the same text).
+    A share `crop_fraction` of the rows is cut short, so short texts are learned as well as full rows:
+    at the end of the row's first document where the row holds a document end ([CLS] doc [SEP], a
+    sentence where the corpus has sentences), else at a random length ≥ MIN_CROP_TOKENS, closed by
+    [SEP]. Which rows and where depend on (seed, step) only: a resumed run cuts the same. `labels` (B,)
+    count the rows (the loss is per row)."""
+    ids = ids.copy()
+    rng = np.random.default_rng((seed, step))
+    for r in np.flatnonzero(rng.random(len(ids)) < crop_fraction):
+        row = ids[r]  # a view: the cut is made in `ids`
+        real = int(np.sum(row != pad_id))
+        inner_ends = np.flatnonzero(row[1 : real - 1] == sep_id) + 1
+        if len(inner_ends):
+            end = int(inner_ends[0]) + 1
+        else:
+            end = int(rng.integers(min(MIN_CROP_TOKENS, real), real + 1))
+            row[end - 1] = sep_id
+        row[end:] = pad_id
+    return {
+        "input_ids": ids,
+        "attention_mask": (ids != pad_id).astype(np.int32),
+        "token_type_ids": np.zeros_like(ids),
+        "labels": np.ones(len(ids), np.int32),
+    }
+
+
+def embedding_batch_source(split, batch_size: int, pad_id: int, sep_id: int, crop_fraction: float, seed: int):
+    order = BatchOrder(len(split), batch_size, seed)
+
+    def batch_at(step: int) -> dict[str, np.ndarray]:
+        _, rows = order.indices(step)
+        return embedding_batch(split[rows].astype(np.int32), pad_id, sep_id, crop_fraction, seed, step)
+
+    return batch_at
+
+
+def embedding_eval_batches(split, batch_size: int, pad_id: int, sep_id: int, crop_fraction: float, seed: int,
+                           max_batches: int):  # fmt: skip
+    """The same held-out rows, cut the same way, at every evaluation."""
+    order = BatchOrder.one_pass(min(len(split), batch_size * max_batches), batch_size)
+    held_out_seed = seed + 7919
+
+    def batches():
+        for step in range(order.steps_per_epoch):
+            _, rows = order.indices(step)
+            yield embedding_batch(split[rows].astype(np.int32), pad_id, sep_id, crop_fraction, held_out_seed, step)
+
+    return batches
+
+
 def labelled_batch_source(split, batch_size: int, seed: int):
     order = BatchOrder(len(split), batch_size, seed)
 
@@ -186,6 +245,8 @@ def run(config: TrainConfig) -> Path:
         return _question_answering(config, started)
     if config.stage == "tokens":
         return _token_classification(config, started)
+    if config.stage == "embed":
+        return _embedding_model(config, started)
     return _masked_lm(config, started)
 
 
@@ -205,30 +266,46 @@ def _model_config(config: TrainConfig, vocab_size: int) -> BiGSConfig:
     )
 
 
-def _masked_lm(config: TrainConfig, started: float) -> Path:
-    out = Path(config.output_dir)
+def _source_with_positions(config: TrainConfig) -> tuple[BiGSConfig, dict, int]:
+    """(config, params, its old position count) of `init_from`, its positions grown to the longest of:
+    the source, the training length, and model.max_position_embeddings (train at 512, serve up to 4,096
+    from the same tiling); `model.tile_positions_from` tiles the first N rows instead."""
+    model_config, source_params = load_artifact(config.init_from)
+    old_length = model_config.max_position_embeddings
+    model_config.max_position_embeddings = max(old_length, config.data.seq_len, config.model.max_position_embeddings)
+    params = extend_positions(source_params, model_config.max_position_embeddings, config.model.tile_positions_from)
+    return model_config, params, old_length
+
+
+def _corpus_splits(config: TrainConfig, tokenizer):
+    """The unlabelled corpus packed at data.seq_len (built once per data dir): (card, train, validation)."""
     seq_len = config.data.seq_len
-    data_dir = Path(config.data.data_dir or out / "data")
-    if config.stage == "extend":
-        model_config, source_params = load_artifact(config.init_from)
-        old_length = model_config.max_position_embeddings
-        # Positions grow to the longest of: the source, the training length, and
-        # model.max_position_embeddings (train at 512, serve up to 4,096 from the same tiling).
-        model_config.max_position_embeddings = max(old_length, seq_len, config.model.max_position_embeddings)
-        start_params = extend_positions(
-            source_params, model_config.max_position_embeddings, config.model.tile_positions_from
-        )
-    else:
-        model_config, start_params, old_length = None, None, None
-    tokenizer = bert_uncased_tokenizer(model_max_length=max(seq_len, 512))
+    data_dir = Path(config.data.data_dir or Path(config.output_dir) / "data")
     data_card = build_corpus(
         config.data.sources, data_dir, seq_len=seq_len, max_docs=config.data.max_docs, seed=config.seed,
         cache_dir=config.data.cache_dir, tokenizer=tokenizer, train_repeats=config.data.repeat,
     )  # fmt: skip
     if str(seq_len) not in data_card["packed"]:
         data_card = repack(data_dir, seq_len, tokenizer)
-    train_split = open_split(data_dir, "train", seq_len)
-    eval_split = open_split(data_dir, "validation", seq_len)
+    return data_card, open_split(data_dir, "train", seq_len), open_split(data_dir, "validation", seq_len)
+
+
+def _extended_from(config: TrainConfig, old_length: int) -> dict:
+    """What the card records of the artifact a stage continued from."""
+    record = {"artifact": str(config.init_from), "max_position_embeddings": old_length}
+    if config.model.tile_positions_from:
+        record["positions_tiled_from"] = config.model.tile_positions_from
+    return record
+
+
+def _masked_lm(config: TrainConfig, started: float) -> Path:
+    seq_len = config.data.seq_len
+    if config.stage == "extend":
+        model_config, start_params, old_length = _source_with_positions(config)
+    else:
+        model_config, start_params, old_length = None, None, None
+    tokenizer = bert_uncased_tokenizer(model_max_length=max(seq_len, 512))
+    data_card, train_split, eval_split = _corpus_splits(config, tokenizer)
     if model_config is None:
         model_config = _model_config(config, len(tokenizer))
     module_kwargs = compute_precision(config.dtype).module_kwargs()
@@ -238,9 +315,7 @@ def _masked_lm(config: TrainConfig, started: float) -> Path:
     masking = MaskingConfig.from_tokenizer(tokenizer, mlm_probability=config.data.mask_prob)
     stage_card = _stage_card(config, data_card)
     if config.stage == "extend":
-        stage_card["extended_from"] = {"artifact": str(config.init_from), "max_position_embeddings": old_length}
-        if config.model.tile_positions_from:
-            stage_card["extended_from"]["positions_tiled_from"] = config.model.tile_positions_from
+        stage_card["extended_from"] = _extended_from(config, old_length)
     apply_fn, loss_sums, not_in_weights = module.apply, mlm_loss_sums, ()
     distilling = config.distill is not None
     with_dense = distilling and config.distill.embedding_weight > 0  # the embedding it fitted is served
@@ -272,12 +347,51 @@ def _masked_lm(config: TrainConfig, started: float) -> Path:
     return _finish(config, trainer, model_config, "BiGSForMaskedLM", card, tokenizer, with_dense)
 
 
+def _embedding_model(config: TrainConfig, started: float) -> Path:
+    """A dedicated embedding model: `init_from`'s backbone (an MLM's, or an embedding model's to go on
+    at another length) as BiGSModel, trained on the teacher's losses alone over the unlabelled corpus,
+    its sentence projection starting from the source's 2_Dense and written as the artifact's."""
+    seq_len = config.data.seq_len
+    model_config, source_params, old_length = _source_with_positions(config)
+    tokenizer = bert_uncased_tokenizer(model_max_length=max(seq_len, 512))
+    data_card, train_split, eval_split = _corpus_splits(config, tokenizer)
+    module_kwargs = compute_precision(config.dtype).module_kwargs()
+    module = FlaxBiGSEncoderModelModule(model_config, **module_kwargs)
+    params = backbone_from(source_params, init_params(module, seed=config.seed))
+    stage_card = _stage_card(config, data_card)
+    stage_card["extended_from"] = _extended_from(config, old_length)
+    objective, params, stage_card["distill"] = _distillation(
+        config, module, params, module_kwargs, fresh=False, sentence_from=read_dense(config.init_from),
+        objective=DistilledEmbedding,
+    )  # fmt: skip
+    pad_id, sep_id, crop = tokenizer.pad_token_id, tokenizer.sep_token_id, config.data.crop_fraction
+    task = TrainTask(
+        apply_fn=objective.apply_fn,
+        params=params,
+        loss_sums=objective.loss_sums,
+        train_batch=embedding_batch_source(train_split, config.batch_size, pad_id, sep_id, crop, config.seed),
+        eval_batches=embedding_eval_batches(
+            eval_split, config.batch_size, pad_id, sep_id, crop, config.seed, config.eval_batches
+        ),
+        write_weights=_weights_writer(model_config, "BiGSModel", tokenizer, stage_card, with_dense=True),
+        not_in_weights=(PROJECTIONS_KEY,),
+    )
+    trainer = Trainer(config, task, clock_started=started)
+    held_out = trainer.fit()
+    if trainer.stopped:
+        return _stopped(config, trainer)
+    card = _card(stage_card, trainer, held_out, started)
+    return _finish(config, trainer, model_config, "BiGSModel", card, tokenizer, with_dense=True)
+
+
 def _distillation(
-    config: TrainConfig, module, params: dict, module_kwargs: dict, fresh: bool, sentence_from: Dense | None = None
-):
-    """The teacher's objective, the params with its projections added (and, for a student trained from
-    scratch, the teacher's embeddings), and what the card records of both. `sentence_from`: a Dense
-    (d_s → d_t) the sentence projection starts from instead of a fresh one."""
+    config: TrainConfig, module, params: dict, module_kwargs: dict, fresh: bool, sentence_from: Dense | None = None,
+    objective=DistilledMLM,
+):  # fmt: skip
+    """The teacher's objective (`objective`: DistilledMLM, or DistilledEmbedding), the params with its
+    projections added (and, for a student trained from scratch, the teacher's embeddings), and what the
+    card records of both. `sentence_from`: a Dense (d_s → d_t) the sentence projection starts from
+    instead of a fresh one."""
     settings = config.distill
     teacher_dir = default_teacher_dir() if settings.teacher == "default" else Path(settings.teacher)
     teacher = Teacher.from_dir(teacher_dir)
@@ -287,7 +401,7 @@ def _distillation(
             f"data.seq_len {config.data.seq_len} is past the teacher's {teacher_positions} positions: it cannot "
             "read those sequences (distil at its length, then extend without [distill])"
         )
-    objective = DistilledMLM(module, teacher, settings, matmul_dtype=module_kwargs["matmul_dtype"])
+    objective = objective(module, teacher, settings, matmul_dtype=module_kwargs["matmul_dtype"])
     card = {
         "teacher": str(teacher.path),
         "teacher_name": teacher.name,

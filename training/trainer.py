@@ -446,7 +446,8 @@ def read_metrics(path: str | Path) -> list[dict]:
 
 
 def plot_curves(metrics_path: str | Path, out_png: str | Path) -> None:
-    """Training loss and evaluation curves against step, one PNG."""
+    """Training loss and evaluation curves against step, one PNG: the loss, and beside it accuracy (or,
+    for an embedding model, which has none, its cosine with the teacher: 1 − the embedding loss)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -462,8 +463,17 @@ def plot_curves(metrics_path: str | Path, out_png: str | Path) -> None:
         for key in ("eval_accuracy", "eval_f1_macro", "eval_mcc"):
             if key in evals[0]:
                 ax_acc.plot([r["step"] for r in evals], [r[key] for r in evals], "o-", label=key.removeprefix("eval_"))
-    ax_acc.plot([r["step"] for r in train], [r["accuracy"] for r in train], alpha=0.5, label="train accuracy")
-    for ax, title in ((ax_loss, "loss"), (ax_acc, "accuracy")):
+    right_title = "accuracy"
+    if train and "accuracy" in train[0]:
+        ax_acc.plot([r["step"] for r in train], [r["accuracy"] for r in train], alpha=0.5, label="train accuracy")
+    elif train and "embedding_loss" in train[0]:
+        right_title = "cosine with the teacher"
+        ax_acc.plot([r["step"] for r in train], [1 - r["embedding_loss"] for r in train], alpha=0.5, label="train")
+        if evals:
+            ax_acc.plot(
+                [r["step"] for r in evals], [1 - r["eval_embedding_loss"] for r in evals], "o-", label="held-out"
+            )
+    for ax, title in ((ax_loss, "loss"), (ax_acc, right_title)):
         ax.set_xlabel("step")
         ax.set_title(title)
         ax.grid(alpha=0.3)
