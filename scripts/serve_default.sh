@@ -2,9 +2,10 @@
 # Set up and serve the embedded default models on a fresh machine:
 #   bash scripts/serve_default.sh            (then: curl localhost:8000/ready)
 # Creates .venv, installs the project (serving + export), exports every artifact dir under models/
-# to build/models/<name>/ once (ONNX + StableHLO per length bucket, checked against torch, with the
-# int8 variant, and bf16 where OpenVINO runs it, each with its accuracy gate and latency on this CPU:
-# what `bigs export` writes by default), and runs `bigs serve` on them: precision auto serves, per
+# to build/models/<name>/ once (ONNX per length bucket, checked against torch, with the int8 variant,
+# and bf16 where OpenVINO runs it, each with its accuracy gate and latency on this CPU: what
+# `bigs export` writes by default, less StableHLO, which only `--runtime stablehlo` serves and which
+# costs ~35 s a model with its parity check), and runs `bigs serve` on them: precision auto serves, per
 # bucket, the fastest variant measured here that passed its gate. Environment variables BIGS_*
 # (service/settings.py) still apply.
 # The console: a line per phase here, a line per bucket of each export stage and of the warm-up,
@@ -60,7 +61,7 @@ for artifact in models/*/; do
   if ! python -c "import sys; from export.manifest import read_manifest
 m = read_manifest(sys.argv[1]); sys.exit('int8' not in m.precisions or m.latency is None)" "$out" 2>/dev/null; then
     echo "prepare: exporting $artifact -> $out (once; a line per bucket of each stage)"
-    bigs export "$artifact" "$out"
+    bigs export "$artifact" "$out" --formats onnx  # the runtime served here (see the top)
   else
     echo "prepare: $out is up to date"
   fi
