@@ -194,11 +194,14 @@ def cmd_convert(args: argparse.Namespace) -> None:
 
 def architecture_of_flax_tree(params: dict) -> str:
     """Which head a Flax tree carries: the MLM's `cls`, QA's `qa_outputs`, or a `classifier` over the pooler
-    (sequence classification) or over every token (token classification: no pooler)."""
+    (sequence classification) or over every token (token classification: no pooler); none, the backbone
+    alone: the bare encoder, an embedding model."""
     if "cls" in params:
         return "BiGSForMaskedLM"
     if "qa_outputs" in params:
         return "BiGSForQuestionAnswering"
+    if "classifier" not in params:
+        return "BiGSModel"
     if "classifier" in params and "pooler" not in params.get("s4_bert", {}):
         return "BiGSForTokenClassification"
     return "BiGSForSequenceClassification"

@@ -274,7 +274,7 @@ def record_parity(manifest: Manifest, report: parity.ParityReport) -> None:
     for bucket, (measured, top1) in report.onnx_int8.items():
         manifest.onnx.buckets[bucket].int8.accuracy = Int8Accuracy(
             against="torch fp32 reference, the parity inputs",
-            max_abs_logits_diff=measured.max_abs_diff["logits"],
+            max_abs_logits_diff=measured.max_abs_diff.get("logits"),  # none in an embedding model's graphs
             max_abs_embeddings_diff=measured.max_abs_diff["embeddings"],
             top1_agreement=top1,
         )
@@ -311,22 +311,30 @@ def summary(manifest: Manifest, out_dir: str | Path) -> str:
             line = f"  onnx {bucket:>5}: {form:<20} {parity.describe(e)}"
             if e.int8 is not None and e.int8.accuracy is not None:
                 acc = e.int8.accuracy
-                line += f"; int8 max abs logits diff {acc.max_abs_logits_diff:.3g}, top-1 agreement {acc.top1_agreement:.3f}"
+                if acc.top1_agreement is None:  # an embedding model: no logits
+                    line += f"; int8 max abs embeddings diff {acc.max_abs_embeddings_diff:.3g}"
+                else:
+                    line += (
+                        f"; int8 max abs logits diff {acc.max_abs_logits_diff:.3g}, "
+                        f"top-1 agreement {acc.top1_agreement:.3f}"
+                    )
             lines.append(line)
     for precision, variant in manifest.precisions.items():
-        worst = {
-            "agreement": min(
-                m.classification_agreement if m.fill_mask_top1_agreement is None else m.fill_mask_top1_agreement
-                for m in variant.gate.values()
-            ),
-            "cosine": min(m.embedding_cosine_min for m in variant.gate.values()),
-            "logit diff": max(m.max_abs_logit_diff for m in variant.gate.values()),
-        }
+        gates = variant.gate.values()
+        cosine = min(m.embedding_cosine_min for m in gates)
         verdict = "passed" if variant.passed else "FAILED: " + "; ".join(variant.failures())
-        lines.append(
-            f"  {precision} ({variant.runtime}) gate on real text: worst top-1 agreement {worst['agreement']:.3f}, "
-            f"embedding cosine {worst['cosine']:.4f}, max logit diff {worst['logit diff']:.3g}: {verdict}"
-        )
+        if all(m.max_abs_logit_diff is None for m in gates):  # an embedding model: the cosine is the gate
+            worst = f"worst embedding cosine {cosine:.4f}"
+        else:
+            agreement = min(
+                m.classification_agreement if m.fill_mask_top1_agreement is None else m.fill_mask_top1_agreement
+                for m in gates
+            )
+            logit_diff = max(m.max_abs_logit_diff for m in gates)
+            worst = (
+                f"worst top-1 agreement {agreement:.3f}, embedding cosine {cosine:.4f}, max logit diff {logit_diff:.3g}"
+            )
+        lines.append(f"  {precision} ({variant.runtime}) gate on real text: {worst}: {verdict}")
     if manifest.latency is not None:
         figures = manifest.latency.ms
         for bucket in manifest.buckets:

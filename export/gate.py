@@ -18,6 +18,9 @@ reference within the parity tolerance), on the same inputs:
     max_abs_logit_diff         max |logits − fp32 logits| over what the agreement compares (masked
                                positions, sequences, real tokens); padding never counts
 
+An embedding model (BiGSModel, whose one head is the embeddings) has no logits: its gate is the
+embedding cosine alone (agreement and logit diff are not recorded, so no threshold applies to them).
+
 Inputs per bucket L: the text as one stream (paragraphs concatenated, repeated as needed), the k-th
 sequence starting at paragraph k, alternately L − 2 and L/2 − 2 tokens long (so half of them are
 right-padded, and padding is exercised); `GATE_TOKENS` padded positions per bucket (32 sequences up
@@ -150,18 +153,20 @@ def measure_gate(
     tokenizer, bucket: int, head: str, reference: RunBatch, variant: RunBatch, thresholds: GateThresholds
 ) -> GateMeasured:
     """One variant of a model whose own head is `head` against fp32 at one bucket, with pass/fail
-    against `thresholds`."""
+    against `thresholds`. An embedding model's own head has no logits: the cosine alone."""
+    if head == "embeddings":
+        return measure_embeddings_gate(tokenizer, bucket, reference, variant, thresholds)
     fill_mask = head == "fill-mask"
     agree, total, sims, max_diff = 0, 0, [], 0.0
     for feeds in gate_batches(tokenizer, bucket, fill_mask):
         counts = feeds.pop("_counts", None)
         ref, got = reference(bucket, feeds), variant(bucket, feeds)
+        sims.extend(embedding_cosines(ref, got))
         ref_logits = answer_scores(head, ref["logits"], feeds, counts)
         got_logits = answer_scores(head, got["logits"], feeds, counts)
         agree += int(np.sum(np.argmax(ref_logits, -1) == np.argmax(got_logits, -1)))
         total += len(ref_logits)
         max_diff = max(max_diff, float(np.max(np.abs(ref_logits - got_logits))))
-        sims.extend(cosine(ref["embeddings"].astype(np.float64), got["embeddings"].astype(np.float64)).tolist())
     agreement = agree / total
     measured = GateMeasured(
         sequences=len(sims),
@@ -171,6 +176,27 @@ def measure_gate(
         embedding_cosine_min=min(sims),
         embedding_cosine_mean=float(np.mean(sims)),
         max_abs_logit_diff=max_diff,
+    )
+    return measured.model_copy(update={"failures": thresholds.failures(measured)})
+
+
+def embedding_cosines(reference: Outputs, variant: Outputs) -> list[float]:
+    """Per sequence, the cosine of the variant's embedding with fp32's."""
+    return cosine(reference["embeddings"].astype(np.float64), variant["embeddings"].astype(np.float64)).tolist()
+
+
+def measure_embeddings_gate(
+    tokenizer, bucket: int, reference: RunBatch, variant: RunBatch, thresholds: GateThresholds
+) -> GateMeasured:
+    """`measure_gate` of an embedding model: its answers are the embeddings, so the cosine is all there is."""
+    sims = []
+    for feeds in gate_batches(tokenizer, bucket, fill_mask=False):
+        sims.extend(embedding_cosines(reference(bucket, feeds), variant(bucket, feeds)))
+    measured = GateMeasured(
+        sequences=len(sims),
+        compared=len(sims),
+        embedding_cosine_min=min(sims),
+        embedding_cosine_mean=float(np.mean(sims)),
     )
     return measured.model_copy(update={"failures": thresholds.failures(measured)})
 

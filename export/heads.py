@@ -54,8 +54,10 @@ SIGNATURES: dict[str, HeadSignature] = {
 }
 
 # Which heads each exportable architecture serves: its own head first, then embeddings (every
-# encoder has a last hidden state to pool).
+# encoder has a last hidden state to pool). The bare encoder, BiGSModel, is an embedding model: its
+# own head is the embeddings, and it has no other.
 HEADS_OF_ARCHITECTURE: dict[str, list[Head]] = {
+    "BiGSModel": ["embeddings"],
     "BiGSForMaskedLM": ["fill-mask", "embeddings"],
     "BiGSForSequenceClassification": ["classification", "embeddings"],
     "BiGSForQuestionAnswering": ["question-answering", "embeddings"],
@@ -79,7 +81,9 @@ def heads_for(architecture: str) -> list[Head]:
 
 
 def primary_head(architecture: str) -> Head:
-    """The architecture's own head (everything but embeddings): its graphs' first output."""
+    """The architecture's own head: its graphs' first output. Embeddings for an embedding model
+    (BiGSModel), whose graphs have that one output; for every other architecture, a head that is not
+    the embeddings (those are a by-product of its hidden state)."""
     return heads_for(architecture)[0]
 
 

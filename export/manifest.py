@@ -6,7 +6,8 @@ the object down. What it records:
 
     format_version  FORMAT_VERSION; a dir written by another version is refused with a clear message
     model           name, architecture and sizes, and the width of the embeddings it serves
-    heads           what the dir serves (export/heads.py): ["fill-mask" | "classification", "embeddings"]
+    heads           what the dir serves (export/heads.py): its own head, then "embeddings" ("fill-mask",
+                    "embeddings" for an MLM), or ["embeddings"] alone for an embedding model (BiGSModel)
     labels          id → label of a classifier
     tokenizer       the tokenizer files in the dir and where they came from
     buckets         the sequence lengths with a graph each
@@ -99,9 +100,9 @@ class TensorSpec(_Section):
 
 class Int8Accuracy(_Section):
     against: str
-    max_abs_logits_diff: float
+    max_abs_logits_diff: float | None = None  # None: an embedding model (BiGSModel) has no logits
     max_abs_embeddings_diff: float
-    top1_agreement: float
+    top1_agreement: float | None = None
 
 
 class OnnxGraph(Measured):
@@ -147,12 +148,12 @@ class GateMeasured(_Section):
     """One variant against fp32 at one bucket, on the gate's real text."""
 
     sequences: int
-    compared: int  # masked positions (fill-mask) or sequences (classification) compared
+    compared: int  # masked positions (fill-mask), answers (other heads) or sequences (embeddings) compared
     fill_mask_top1_agreement: float | None = None
     classification_agreement: float | None = None
     embedding_cosine_min: float
     embedding_cosine_mean: float
-    max_abs_logit_diff: float
+    max_abs_logit_diff: float | None = None  # None: an embedding model has no logits, only the cosine counts
     failures: list[str] = Field(default_factory=list)
 
     @property

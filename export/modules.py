@@ -19,6 +19,8 @@ anti-causal twin (Tᵀ, or the mirrored chunked constants), so the graph holds n
     classification  input_ids, attention_mask, token_type_ids (B, L) → logits (B, num_labels), embeddings (B, d)
     question-answering, token-classification
                     input_ids, attention_mask, token_type_ids (B, L) → logits (B, L, 2 | num_labels), embeddings (B, d)
+    embeddings      (the bare encoder, BiGSModel: an embedding model)
+                    input_ids, attention_mask, token_type_ids (B, L) → embeddings (B, d)
 
 `embeddings` is the mean of the last hidden state over real tokens (attention_mask = 1), before the
 pooler's dense + tanh: the sentence embedding of the backbone, the same for every architecture; in a
@@ -43,6 +45,7 @@ from model.modeling_bigs import (
     BiGSForSequenceClassification,
     BiGSForTokenClassification,
     BiGSLayer,
+    BiGSModel,
     S4dLayer,
     mean_pool,
 )
@@ -228,7 +231,7 @@ def frozen_ssms(model: nn.Module, length: int, formulation: Formulation) -> Iter
     for its frozen twin (a model with attention routing has none). Both share every
     parameter with `model` (no copy of a large model per bucket).
     """
-    layers = model.bigs.encoder.layer
+    layers = model.base_model.encoder.layer  # a head's `bigs`, or the bare encoder itself
     originals = list(layers)
     flip_free = {
         i: FlipFreeBiGSLayer(layer, length, formulation)
@@ -289,8 +292,9 @@ class SentenceEmbedding(nn.Module):
 # Head wrappers: the exported signatures
 # --------------------------------------------------------------------------------------------
 
-# One graph per bucket serves both of the model's heads (export/heads.py): its own head's output
-# first, then the embeddings, which come from the same last hidden state at no extra cost.
+# One graph per bucket serves every head of the model (export/heads.py): its own head's output
+# first, then the embeddings, which come from the same last hidden state at no extra cost. The bare
+# encoder's own head is the embeddings: its graph has that one output.
 
 
 class FillMaskExport(nn.Module):
@@ -361,8 +365,29 @@ class PerTokenExport(nn.Module):
         return self.dense(X), self.embedding(X, attention_mask)  # dropout is identity in eval
 
 
+class EmbeddingsExport(nn.Module):
+    """(input_ids, attention_mask, token_type_ids) → embeddings (B, d): the bare encoder (BiGSModel), an
+    embedding model, whose one head is the embeddings."""
+
+    input_names = SIGNATURES["embeddings"].inputs
+    output_names = (SIGNATURES["embeddings"].output,)
+
+    def __init__(self, model: BiGSModel, embedding: SentenceEmbedding | None = None):
+        super().__init__()
+        self.model = model
+        self.embedding = embedding if embedding is not None else SentenceEmbedding()
+
+    def forward(self, input_ids, attention_mask, token_type_ids):
+        X = self.model(
+            input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids, return_dict=True
+        ).last_hidden_state  # (B, L, d); the pooler is not run (add_pooling_layer=False)
+        return self.embedding(X, attention_mask)
+
+
 def export_wrapper(model: nn.Module, embedding: SentenceEmbedding | None = None) -> nn.Module:
     """The head wrapper of `model`; `embedding` the dir's (`SentenceEmbedding.of_dir`), default the mean."""
+    if isinstance(model, BiGSModel):
+        return EmbeddingsExport(model, embedding).eval()
     if isinstance(model, BiGSForMaskedLM):
         return FillMaskExport(model, embedding).eval()
     if isinstance(model, BiGSForSequenceClassification):

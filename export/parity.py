@@ -27,6 +27,7 @@ from model.modeling_bigs import (
     BiGSForQuestionAnswering,
     BiGSForSequenceClassification,
     BiGSForTokenClassification,
+    BiGSModel,
 )
 
 from .heads import MASK_POSITIONS, SEQUENCE_INPUTS
@@ -36,7 +37,13 @@ from .modules import SentenceEmbedding
 POSITIONS_PER_SEQUENCE = 3
 ARCHITECTURES = {
     cls.__name__: cls
-    for cls in (BiGSForMaskedLM, BiGSForSequenceClassification, BiGSForQuestionAnswering, BiGSForTokenClassification)
+    for cls in (
+        BiGSForMaskedLM,
+        BiGSForSequenceClassification,
+        BiGSForQuestionAnswering,
+        BiGSForTokenClassification,
+        BiGSModel,
+    )
 }
 
 
@@ -100,11 +107,14 @@ def reference_outputs(
     model: torch.nn.Module, inputs: dict[str, np.ndarray], embedding: SentenceEmbedding | None = None
 ) -> dict[str, np.ndarray]:
     """{"logits", "embeddings"} of the torch reference for one case (fill-mask logits at mask_positions);
-    `embedding` the dir's embeddings head (`SentenceEmbedding.of_dir`: its Dense, if any)."""
+    `embedding` the dir's embeddings head (`SentenceEmbedding.of_dir`: its Dense, if any). The bare
+    encoder (BiGSModel, an embedding model) has no logits: {"embeddings"} only."""
     embedding = embedding if embedding is not None else SentenceEmbedding()
     ids, mask, types = (torch.from_numpy(inputs[k]) for k in SEQUENCE_INPUTS)
-    hidden = model.bigs(ids, attention_mask=mask, token_type_ids=types, return_dict=True).last_hidden_state
+    hidden = model.base_model(ids, attention_mask=mask, token_type_ids=types, return_dict=True).last_hidden_state
     out = {"embeddings": embedding(hidden, mask).numpy()}
+    if isinstance(model, BiGSModel):
+        return out
     if isinstance(model, BiGSForMaskedLM):
         positions = torch.from_numpy(inputs[MASK_POSITIONS])
         logits = model(ids, attention_mask=mask, token_type_ids=types, logits_positions=positions).logits
@@ -162,8 +172,9 @@ class Accumulator:
     def measured(self) -> Measured:
         return Measured(max_abs_diff=self.diff, reference_max_abs=self.scale)
 
-    def top1(self) -> float:
-        return sum(self.agreement) / len(self.agreement) if self.agreement else 1.0
+    def top1(self) -> float | None:
+        """None for outputs without logits (an embedding model's): there is no top-1 to agree on."""
+        return sum(self.agreement) / len(self.agreement) if self.agreement else None
 
 
 def error_ratio(measured: Measured) -> float:
@@ -197,7 +208,7 @@ def measure_onnx(
     refs: References,
     variant: str = "fp32",
     done: Callable[[str], object] | None = None,
-) -> dict[int, tuple[Measured, float]]:
+) -> dict[int, tuple[Measured, float | None]]:
     """{bucket: (differences, top-1 agreement)} of the ONNX graphs of one variant ("fp32", "int8").
     `done(what)` is called as each bucket is measured (the export's progress lines)."""
     from .onnx_runtime import load_sessions
@@ -242,7 +253,7 @@ class ParityReport:
     """Every runtime file of an export dir measured against the reference, and what broke the tolerance."""
 
     onnx: dict[int, Measured] = field(default_factory=dict)
-    onnx_int8: dict[int, tuple[Measured, float]] = field(default_factory=dict)
+    onnx_int8: dict[int, tuple[Measured, float | None]] = field(default_factory=dict)
     stablehlo: dict[str, dict[int, Measured]] = field(default_factory=dict)
     breaches: list[str] = field(default_factory=list)  # over the tolerance, or could not run
 

@@ -59,7 +59,7 @@ class VerifyReport:
     failures: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     parity: parity.ParityReport | None = None
-    int8_recorded_top1: dict[int, float] = field(default_factory=dict)  # parity inputs, as export recorded
+    int8_recorded_top1: dict[int, float | None] = field(default_factory=dict)  # parity inputs, as export recorded
     gates: list[VariantGate] = field(default_factory=list)
     cpu: str | None = None  # the CPU the gates were measured on; None: not measured
 
@@ -152,15 +152,18 @@ def check_gates(export_dir: Path, manifest: Manifest, report: VerifyReport) -> N
 
 
 def describe_gate(recorded: GateMeasured, measured: GateMeasured) -> str:
-    """'agreement 0.981 → 0.979, cosine min 0.99991 → 0.99990, max logit diff 0.30 → 0.31': recorded → here."""
+    """'agreement 0.981 → 0.979, cosine min 0.99991 → 0.99990, max logit diff 0.30 → 0.31': recorded → here;
+    an embedding model's, which has no logits, the cosine alone."""
+    cosine = f"cosine min {recorded.embedding_cosine_min:.5f} → {measured.embedding_cosine_min:.5f}"
+    if recorded.max_abs_logit_diff is None or measured.max_abs_logit_diff is None:
+        return cosine
     agreement = (
         (recorded.fill_mask_top1_agreement, measured.fill_mask_top1_agreement)
         if recorded.fill_mask_top1_agreement is not None
         else (recorded.classification_agreement, measured.classification_agreement)
     )
     return (
-        f"agreement {agreement[0]:.3f} → {agreement[1]:.3f}, "
-        f"cosine min {recorded.embedding_cosine_min:.5f} → {measured.embedding_cosine_min:.5f}, "
+        f"agreement {agreement[0]:.3f} → {agreement[1]:.3f}, {cosine}, "
         f"max logit diff {recorded.max_abs_logit_diff:.3g} → {measured.max_abs_logit_diff:.3g}"
     )
 
@@ -173,7 +176,8 @@ def format_report(report: VerifyReport, export_dir: Path) -> str:
     for bucket, (m, top1) in measured.onnx_int8.items():
         recorded = report.int8_recorded_top1.get(bucket)
         was = f" (recorded {recorded:.3f})" if recorded is not None else ""
-        lines.append(f"  {'onnx_int8':>24} {bucket:>5}: {parity.describe(m)}, top-1 agreement {top1:.3f}{was}")
+        agreement = f", top-1 agreement {top1:.3f}{was}" if top1 is not None else ""  # none without logits
+        lines.append(f"  {'onnx_int8':>24} {bucket:>5}: {parity.describe(m)}{agreement}")
     for head, buckets in measured.stablehlo.items():
         for bucket, m in buckets.items():
             lines.append(f"  stablehlo {head:>14} {bucket:>5}: {parity.describe(m)}")

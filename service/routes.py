@@ -351,9 +351,10 @@ async def list_models(request: Request):
 
 
 # -- text-embeddings-inference routes ----------------------------------------------------------
-# Same JSON as huggingface/text-embeddings-inference. Which served model answers: /embed the first
-# served model with embeddings, /predict the first with classification, /rerank see below;
-# /tokenize, /decode, /info and POST / the first served model (the default model).
+# Same JSON as huggingface/text-embeddings-inference. Which served model answers (ServiceState.engine_for):
+# /embed a dedicated embedding model if one is served, else the first with embeddings; /predict the
+# first with classification; /rerank see below; /tokenize, /decode, /info and POST / the first served
+# model (the default model).
 
 
 @tei.post("/embed", summary="Embeddings (TEI)", response_model=list[list[float]])
@@ -399,7 +400,8 @@ async def _tei_predict(engine, body: TEIPredictRequest, request: Request) -> JSO
     description="`[{index, score, text?}]`, highest score first. Scoring: where a classifier with a single "
     "label is served (a reranker), it cross-scores each (query, text) pair: the sigmoid of its logit, or the "
     "logit with `raw_scores`. Otherwise the cosine similarity of the query's and each text's mean-pooled, "
-    "L2-normalised embedding from the first served model with embeddings (`raw_scores` changes nothing).",
+    "L2-normalised embedding from a served embedding model, else from the first served model with embeddings "
+    "(`raw_scores` changes nothing).",
     response_model=list[TEIRank],
     response_model_exclude_none=True,
 )

@@ -48,7 +48,11 @@ class ServiceState:
             raise ServiceError(503, "not_ready", "the service is starting or shutting down", {"Retry-After": "1"})
 
     def engine_for(self, name: str | None, head: str) -> ModelEngine:
-        """The engine of the model named, or the first served that has `head`; 503 until ready."""
+        """The engine of the model named (400 `unsupported_task` if it does not do `head`), or, with no
+        name, the served model best made for `head`: one whose own head it is (a dedicated embedding
+        model, BiGSModel, for "embeddings") before one that offers it only as a by-product of its hidden
+        state (an MLM's or a classifier's pooled embeddings); among equals, the first in the order of
+        `models`. 503 until ready."""
         self.require_ready()
         if name is not None:
             engine = self.models.get(name)
@@ -61,10 +65,12 @@ class ServiceState:
                     400, "unsupported_task", f"model {name!r} does not do {head} (it does {engine.heads})"
                 )
             return engine
-        for engine in self.models.values():
-            if head in engine.heads:
-                return engine
-        raise ServiceError(400, "unsupported_task", f"no model served here does {head}")
+        offering = [engine for engine in self.models.values() if head in engine.heads]
+        if not offering:
+            raise ServiceError(400, "unsupported_task", f"no model served here does {head}")
+        # a manifest lists the model's own head first (export/heads.py); min is stable: among models
+        # equally made for the head, the first served
+        return min(offering, key=lambda engine: engine.heads[0] != head)
 
     def default_engine(self) -> ModelEngine:
         """The first model served (in the order of `models`): the one the TEI routes that name no task
@@ -74,8 +80,8 @@ class ServiceState:
 
     def reranker(self) -> tuple[ModelEngine, bool]:
         """The engine /rerank uses and whether it cross-scores: the first served classifier with a single
-        label (a reranker: scores (query, text) pairs), else the first served model with embeddings
-        (cosine similarity)."""
+        label (a reranker: scores (query, text) pairs), else the model `engine_for(None, "embeddings")`
+        picks (cosine similarity): a dedicated embedding model before another model's pooled embeddings."""
         self.require_ready()
         for engine in self.models.values():
             if "classification" in engine.heads and len(engine.id2label or {}) == 1:

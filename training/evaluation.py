@@ -19,6 +19,9 @@ classification
                  same split: the majority class and TF-IDF + logistic regression (scikit-learn) fitted
                  on the training split's texts (the token ids decoded, the view the model had).
 
+embedding model (BiGSModel, the bare encoder: its one head is the embeddings)
+    the embeddings' rows below, and nothing else (no cloze: it has no MLM head)
+
 embeddings (every model: the service's `embeddings` head, normalised)
     teacher      where the model's embedding lives in the teacher's space (a 2_Dense to its width): the
                  mean cosine with the teacher's sentence embedding on the cloze sentences, each with its
@@ -131,13 +134,20 @@ class ArtifactModel:
             module = FlaxBiGSForMaskedLMModule(self.config)
         elif self.architecture == "BiGSForSequenceClassification":
             module = FlaxBiGSForSequenceClassificationModule(self.config)
+        elif is_embedding_model(self.architecture):
+            module = None  # the embeddings are all it computes (`embed`)
         else:
-            raise ValueError(f"bigs eval scores fill-mask and classification models, not {self.architecture}")
+            raise ValueError(
+                f"bigs eval scores fill-mask, classification and embedding models, not {self.architecture}"
+            )
         params = {k: v for k, v in params.items() if k in ("s4_bert", "cls", "classifier", "pooler")}
         if self.architecture == "BiGSForMaskedLM":
             params["s4_bert"] = {k: v for k, v in params["s4_bert"].items() if k != "pooler"}
-        self._apply = jax.jit(lambda p, ids, mask, pos: module.apply({"params": p}, ids, mask, logits_positions=pos))
-        self._classify = jax.jit(lambda p, ids, mask: module.apply({"params": p}, ids, mask))
+        if module is not None:
+            self._apply = jax.jit(
+                lambda p, ids, mask, pos: module.apply({"params": p}, ids, mask, logits_positions=pos)
+            )
+            self._classify = jax.jit(lambda p, ids, mask: module.apply({"params": p}, ids, mask))
         self.params = params
         self.card = _card(path)
         self._embed = _flax_embedding(self.config, path)
@@ -166,8 +176,7 @@ class ExportModel:
         self.max_length = self.buckets[-1]
         self.embedding_size = self.manifest.model.embedding_size
         self.runtime = load_runtime("onnx", path, self.manifest, precision=precision)
-        heads = set(self.manifest.heads)
-        self.architecture = "BiGSForMaskedLM" if "fill-mask" in heads else "BiGSForSequenceClassification"
+        self.architecture = self.manifest.model.architecture
         self.card = _card(path)
 
     def _padded(self, ids: np.ndarray, mask: np.ndarray):
@@ -213,6 +222,13 @@ def _flax_embedding(config, path: Path):
         return l2_normalize(vectors)
 
     return embed
+
+
+def is_embedding_model(architecture: str) -> bool:
+    """An embedding model (the bare encoder, BiGSModel): its own head is the embeddings, it has no other."""
+    from export.heads import HEADS_OF_ARCHITECTURE, primary_head
+
+    return architecture in HEADS_OF_ARCHITECTURE and primary_head(architecture) == "embeddings"
 
 
 def _card(path: Path) -> dict:
@@ -446,7 +462,9 @@ def evaluate(
 
     model = open_model(path, precision)
     report = Report(str(path), model.kind, model.architecture)
-    if model.architecture == "BiGSForMaskedLM":
+    if is_embedding_model(model.architecture):
+        pass  # scored on its embeddings alone (below)
+    elif model.architecture == "BiGSForMaskedLM":
         rows, examples = score_cloze(model, bert_uncased_tokenizer(), read_cloze())
         report.rows += rows
         report.examples = examples[:8]

@@ -16,6 +16,7 @@ AUTO_CLASS_OF_HEAD = {
     "classification": "AutoModelForSequenceClassification",
     "question-answering": "AutoModelForQuestionAnswering",
     "token-classification": "AutoModelForTokenClassification",
+    "embeddings": "AutoModel",  # the bare encoder: an embedding model, whose own head is the embeddings
 }
 
 
@@ -48,5 +49,5 @@ class TorchRuntime:
         if head == "question-answering":  # the head's one output (B, L, 2): start, end
             spans = self.model(**feeds)
             return torch.stack([spans.start_logits, spans.end_logits], dim=-1).numpy()
-        hidden = self.model.bigs(**feeds).last_hidden_state
+        hidden = self.model.base_model(**feeds).last_hidden_state  # a head's `bigs`, or the bare encoder
         return self.embedding(hidden, feeds["attention_mask"]).numpy()
