@@ -55,7 +55,12 @@ AUTO_MAP = {
     "AutoModelForTokenClassification": "modeling_bigs.BiGSForTokenClassification",
 }
 
+# The Hub's pipeline tag of each architecture. The bare encoder (BiGSModel) is an embedding model: it
+# is tagged as sentence-transformers models on the Hub are (sentence-similarity, library
+# sentence-transformers), since its use is the sentence embedding, not its hidden states.
+EMBEDDING_ARCHITECTURE = "BiGSModel"
 PIPELINE_TAGS = {
+    EMBEDDING_ARCHITECTURE: "sentence-similarity",
     "BiGSForMaskedLM": "fill-mask",
     "BiGSForSequenceClassification": "text-classification",
     "BiGSForQuestionAnswering": "question-answering",
@@ -274,11 +279,14 @@ def card_metadata(config: dict, card: dict | None) -> ModelCardData:
     architecture = (config.get("architectures") or ["BiGSModel"])[0]
     trained = card is not None and card.get("stage") != "init"
     tags = ["bigs", "state-space-model", "attention-free", "custom_code", "sentence-transformers"]
+    embedding_model = architecture == EMBEDDING_ARCHITECTURE
+    if embedding_model:
+        tags.append("feature-extraction")
     if card is not None and not trained:
         tags.append("untrained")
     return ModelCardData(
         license=LICENSE,
-        library_name="transformers",
+        library_name="sentence-transformers" if embedding_model else "transformers",
         pipeline_tag=PIPELINE_TAGS.get(architecture, "feature-extraction"),
         tags=tags,
         datasets=(hub_datasets(card) or None) if trained else None,
@@ -475,7 +483,16 @@ def usage_section(architecture: str, dense: Dense | None = None) -> list[str]:
         "",
         "```python",
     ]
-    if task:
+    if architecture == EMBEDDING_ARCHITECTURE:  # no transformers pipeline for it: the encoder's hidden states
+        lines += [
+            "from transformers import AutoModel, AutoTokenizer",
+            "",
+            'tokenizer = AutoTokenizer.from_pretrained("path/to/this/dir")',
+            'encoder = AutoModel.from_pretrained("path/to/this/dir", trust_remote_code=True)',
+            'hidden = encoder(**tokenizer(["a sentence"], return_tensors="pt")).last_hidden_state  # (1, L, d)',
+            "",
+        ]
+    elif task:
         lines += [
             "from transformers import pipeline",
             "",
