@@ -338,6 +338,16 @@ def test_model_card_of_a_distilled_model_names_its_teacher_its_evaluation_and_it
     bigs_cli.main(["hub-files", str(directory)])
     body = (directory / "README.md").read_text()
     assert "Distilled from **all-MiniLM-L6-v2** (licence: apache-2.0)" in body and "89.0% of their variance" in body
+    assert "while this model read the masked one" in body
+    card["stage"] = "embed"  # an embedding model and its teacher read the same text
+    (directory / "training_card.json").write_text(json.dumps(card))
+    bigs_cli.main(["hub-files", str(directory)])
+    body = (directory / "README.md").read_text()
+    assert "both reading the same unmasked text, with no MLM loss" in body and "masked one" not in body
+    card["stage"] = "mlm"
+    (directory / "training_card.json").write_text(json.dumps(card))
+    bigs_cli.main(["hub-files", str(directory)])
+    body = (directory / "README.md").read_text()
     assert "- machine: Some CPU" in body
     assert "| cloze (plain English) | top-5 | 0.2500 | 116 |" in body and "→ france, it" in body
     assert "## Limitations\n\nIt knows little about sports." in body
