@@ -389,7 +389,7 @@ def training_section(card: dict) -> list[str]:
     ]  # fmt: skip
     lines += [f"- {k}: {v}" for k, v in facts if v is not None]
     lines.append("")
-    lines += distillation_lines(card.get("distill"))
+    lines += distillation_lines(card.get("distill"), card.get("stage"))
     data = card.get("data") or {}
     sources = data.get("sources") or ({data["source"]["name"]: data["source"]} if data.get("source") else {})
     if sources:
@@ -420,15 +420,20 @@ def training_section(card: dict) -> list[str]:
     return lines
 
 
-def distillation_lines(distill: dict | None) -> list[str]:
-    """What a distilled run took from its teacher (training/distill.py), from the card's `distill`."""
+def distillation_lines(distill: dict | None, stage: str | None = None) -> list[str]:
+    """What a distilled run took from its teacher (training/distill.py), from the card's `distill`.
+    An embedding model (`stage` "embed") and its teacher read the same text; an MLM read it masked."""
     if not distill:
         return []
     settings = distill.get("settings") or {}
     name = distill.get("teacher_name") or distill.get("teacher")
+    reading = (
+        "both reading the same unmasked text, with no MLM loss"
+        if stage == "embed"
+        else "which read the unmasked text while this model read the masked one"
+    )
     lines = [
-        f"Distilled from **{name}** (licence: {distill.get('teacher_licence') or 'see its model card'}), which "
-        "read the unmasked text while this model read the masked one:",
+        f"Distilled from **{name}** (licence: {distill.get('teacher_licence') or 'see its model card'}), {reading}:",
         "",
         f"- hidden states: weight {settings.get('hidden_weight')}, {settings.get('hidden_kind')}, "
         f"(student, teacher) layer pairs {distill.get('layer_pairs')}",
