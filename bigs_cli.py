@@ -202,7 +202,7 @@ def architecture_of_flax_tree(params: dict) -> str:
         return "BiGSForQuestionAnswering"
     if "classifier" not in params:
         return "BiGSModel"
-    if "classifier" in params and "pooler" not in params.get("s4_bert", {}):
+    if "pooler" not in params.get("s4_bert", {}):
         return "BiGSForTokenClassification"
     return "BiGSForSequenceClassification"
 

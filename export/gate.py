@@ -154,49 +154,28 @@ def measure_gate(
 ) -> GateMeasured:
     """One variant of a model whose own head is `head` against fp32 at one bucket, with pass/fail
     against `thresholds`. An embedding model's own head has no logits: the cosine alone."""
-    if head == "embeddings":
-        return measure_embeddings_gate(tokenizer, bucket, reference, variant, thresholds)
-    fill_mask = head == "fill-mask"
+    fill_mask, has_logits = head == "fill-mask", head != "embeddings"
     agree, total, sims, max_diff = 0, 0, [], 0.0
     for feeds in gate_batches(tokenizer, bucket, fill_mask):
         counts = feeds.pop("_counts", None)
         ref, got = reference(bucket, feeds), variant(bucket, feeds)
-        sims.extend(embedding_cosines(ref, got))
+        sims.extend(cosine(ref["embeddings"].astype(np.float64), got["embeddings"].astype(np.float64)).tolist())
+        if not has_logits:  # an embedding model's answers are its embeddings
+            continue
         ref_logits = answer_scores(head, ref["logits"], feeds, counts)
         got_logits = answer_scores(head, got["logits"], feeds, counts)
         agree += int(np.sum(np.argmax(ref_logits, -1) == np.argmax(got_logits, -1)))
         total += len(ref_logits)
         max_diff = max(max_diff, float(np.max(np.abs(ref_logits - got_logits))))
-    agreement = agree / total
+    agreement = agree / total if has_logits else None
     measured = GateMeasured(
         sequences=len(sims),
-        compared=total,
+        compared=total if has_logits else len(sims),
         fill_mask_top1_agreement=agreement if fill_mask else None,
         classification_agreement=None if fill_mask else agreement,
         embedding_cosine_min=min(sims),
         embedding_cosine_mean=float(np.mean(sims)),
-        max_abs_logit_diff=max_diff,
-    )
-    return measured.model_copy(update={"failures": thresholds.failures(measured)})
-
-
-def embedding_cosines(reference: Outputs, variant: Outputs) -> list[float]:
-    """Per sequence, the cosine of the variant's embedding with fp32's."""
-    return cosine(reference["embeddings"].astype(np.float64), variant["embeddings"].astype(np.float64)).tolist()
-
-
-def measure_embeddings_gate(
-    tokenizer, bucket: int, reference: RunBatch, variant: RunBatch, thresholds: GateThresholds
-) -> GateMeasured:
-    """`measure_gate` of an embedding model: its answers are the embeddings, so the cosine is all there is."""
-    sims = []
-    for feeds in gate_batches(tokenizer, bucket, fill_mask=False):
-        sims.extend(embedding_cosines(reference(bucket, feeds), variant(bucket, feeds)))
-    measured = GateMeasured(
-        sequences=len(sims),
-        compared=len(sims),
-        embedding_cosine_min=min(sims),
-        embedding_cosine_mean=float(np.mean(sims)),
+        max_abs_logit_diff=max_diff if has_logits else None,
     )
     return measured.model_copy(update={"failures": thresholds.failures(measured)})
 

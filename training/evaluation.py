@@ -43,6 +43,7 @@ from pathlib import Path
 
 import numpy as np
 
+from model.hub import EMBEDDING_ARCHITECTURE
 from service.buckets import bucket_for
 from service.postprocess import l2_normalize
 
@@ -134,7 +135,7 @@ class ArtifactModel:
             module = FlaxBiGSForMaskedLMModule(self.config)
         elif self.architecture == "BiGSForSequenceClassification":
             module = FlaxBiGSForSequenceClassificationModule(self.config)
-        elif is_embedding_model(self.architecture):
+        elif self.architecture == EMBEDDING_ARCHITECTURE:
             module = None  # the embeddings are all it computes (`embed`)
         else:
             raise ValueError(
@@ -222,13 +223,6 @@ def _flax_embedding(config, path: Path):
         return l2_normalize(vectors)
 
     return embed
-
-
-def is_embedding_model(architecture: str) -> bool:
-    """An embedding model (the bare encoder, BiGSModel): its own head is the embeddings, it has no other."""
-    from export.heads import HEADS_OF_ARCHITECTURE, primary_head
-
-    return architecture in HEADS_OF_ARCHITECTURE and primary_head(architecture) == "embeddings"
 
 
 def _card(path: Path) -> dict:
@@ -462,15 +456,13 @@ def evaluate(
 
     model = open_model(path, precision)
     report = Report(str(path), model.kind, model.architecture)
-    if is_embedding_model(model.architecture):
-        pass  # scored on its embeddings alone (below)
-    elif model.architecture == "BiGSForMaskedLM":
+    if model.architecture == "BiGSForMaskedLM":
         rows, examples = score_cloze(model, bert_uncased_tokenizer(), read_cloze())
         report.rows += rows
         report.examples = examples[:8]
         if data_dir is not None:
             report.rows.append(score_masked_tokens(model, Path(data_dir)))
-    else:
+    elif model.architecture != EMBEDDING_ARCHITECTURE:  # an embedding model is scored on its embeddings alone
         if data_dir is None:
             raise ValueError("a classifier is scored on its labelled set's test split: give --data-dir to build it in")
         report.rows += score_classification(model, Path(data_dir))

@@ -113,29 +113,44 @@ def masked_batch(
     return batch
 
 
-def mlm_batch_source(split, batch_size: int, masking: MaskingConfig, seed: int, unmasked: bool = False):
+def packed_batch_source(split, batch_size: int, seed: int, make_batch):
+    """The training batch of each step from packed rows: `make_batch(ids (B, L) int32, seed, step)`
+    turns the step's rows into a batch (masked for an MLM, cut for an embedding model)."""
     order = BatchOrder(len(split), batch_size, seed)
 
     def batch_at(step: int) -> dict[str, np.ndarray]:
         _, rows = order.indices(step)
-        return masked_batch(split[rows].astype(np.int32), masking, seed, step, unmasked)  # stored as uint16
+        return make_batch(split[rows].astype(np.int32), seed, step)  # stored as uint16
 
     return batch_at
 
 
-def mlm_eval_batches(
-    split, batch_size: int, masking: MaskingConfig, seed: int, max_batches: int, unmasked: bool = False
-):
-    """The same masked held-out batches at every evaluation (fixed rows, fixed masks)."""
+def packed_eval_batches(split, batch_size: int, seed: int, max_batches: int, make_batch):
+    """The same held-out batches at every evaluation: fixed rows, and `make_batch` given a fixed seed."""
     order = BatchOrder.one_pass(min(len(split), batch_size * max_batches), batch_size)
     held_out_seed = seed + 7919
 
     def batches():
         for step in range(order.steps_per_epoch):
             _, rows = order.indices(step)
-            yield masked_batch(split[rows].astype(np.int32), masking, held_out_seed, step, unmasked)
+            yield make_batch(split[rows].astype(np.int32), held_out_seed, step)
 
     return batches
+
+
+def mlm_batch_source(split, batch_size: int, masking: MaskingConfig, seed: int, unmasked: bool = False):
+    return packed_batch_source(
+        split, batch_size, seed, lambda ids, seed, step: masked_batch(ids, masking, seed, step, unmasked)
+    )
+
+
+def mlm_eval_batches(
+    split, batch_size: int, masking: MaskingConfig, seed: int, max_batches: int, unmasked: bool = False
+):
+    """The same masked held-out batches at every evaluation (fixed rows, fixed masks)."""
+    return packed_eval_batches(
+        split, batch_size, seed, max_batches, lambda ids, seed, step: masked_batch(ids, masking, seed, step, unmasked)
+    )
 
 
 # An embedding model's rows: the shortest crop kept when a row has no document end to cut at.
@@ -167,30 +182,6 @@ def embedding_batch(ids: np.ndarray, pad_id: int, sep_id: int, crop_fraction: fl
         "token_type_ids": np.zeros_like(ids),
         "labels": np.ones(len(ids), np.int32),
     }
-
-
-def embedding_batch_source(split, batch_size: int, pad_id: int, sep_id: int, crop_fraction: float, seed: int):
-    order = BatchOrder(len(split), batch_size, seed)
-
-    def batch_at(step: int) -> dict[str, np.ndarray]:
-        _, rows = order.indices(step)
-        return embedding_batch(split[rows].astype(np.int32), pad_id, sep_id, crop_fraction, seed, step)
-
-    return batch_at
-
-
-def embedding_eval_batches(split, batch_size: int, pad_id: int, sep_id: int, crop_fraction: float, seed: int,
-                           max_batches: int):  # fmt: skip
-    """The same held-out rows, cut the same way, at every evaluation."""
-    order = BatchOrder.one_pass(min(len(split), batch_size * max_batches), batch_size)
-    held_out_seed = seed + 7919
-
-    def batches():
-        for step in range(order.steps_per_epoch):
-            _, rows = order.indices(step)
-            yield embedding_batch(split[rows].astype(np.int32), pad_id, sep_id, crop_fraction, held_out_seed, step)
-
-    return batches
 
 
 def labelled_batch_source(split, batch_size: int, seed: int):
@@ -365,14 +356,13 @@ def _embedding_model(config: TrainConfig, started: float) -> Path:
         objective=DistilledEmbedding,
     )  # fmt: skip
     pad_id, sep_id, crop = tokenizer.pad_token_id, tokenizer.sep_token_id, config.data.crop_fraction
+    cut = lambda ids, seed, step: embedding_batch(ids, pad_id, sep_id, crop, seed, step)  # noqa: E731
     task = TrainTask(
         apply_fn=objective.apply_fn,
         params=params,
         loss_sums=objective.loss_sums,
-        train_batch=embedding_batch_source(train_split, config.batch_size, pad_id, sep_id, crop, config.seed),
-        eval_batches=embedding_eval_batches(
-            eval_split, config.batch_size, pad_id, sep_id, crop, config.seed, config.eval_batches
-        ),
+        train_batch=packed_batch_source(train_split, config.batch_size, config.seed, cut),
+        eval_batches=packed_eval_batches(eval_split, config.batch_size, config.seed, config.eval_batches, cut),
         write_weights=_weights_writer(model_config, "BiGSModel", tokenizer, stage_card, with_dense=True),
         not_in_weights=(PROJECTIONS_KEY,),
     )
