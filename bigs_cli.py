@@ -286,7 +286,7 @@ def cmd_serve(args: argparse.Namespace) -> None:
         print(json.dumps({"settings": shown, "source": sources}, indent=2))
         return
     if not settings.models:
-        fail("serve", "no model: pass --model NAME=EXPORT_DIR (or set BIGS_MODELS)")
+        fail("serve", "no model: pass --model NAME=DIR, an export dir or an artifact dir (or set BIGS_MODELS)")
 
     from service.server import serve
 
@@ -549,8 +549,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     serve = sub.add_parser(
         "serve",
-        help="serve export dirs over HTTP (every option is also a BIGS_* variable)",
-        description="Serve export dirs over HTTP. Every setting is a flag and a BIGS_* environment variable "
+        help="serve export dirs or artifact dirs over HTTP (every option is also a BIGS_* variable)",
+        description="Serve export dirs, or artifact dirs (served at once on torch while their export is written in the "
+        "background, then from it). Every setting is a flag and a BIGS_* environment variable "
         "(service/settings.py); a flag given overrides the variable.",
         populate=add_settings_flags,
     )

@@ -29,7 +29,7 @@ from model.hub import DENSE_DIR, read_dense, write_hub_files
 
 from . import parity
 from .heads import LABELLED_ARCHITECTURES, heads_for
-from .integrity import file_table
+from .integrity import file_table, source_table
 from .manifest import Int8Accuracy, Manifest, ModelInfo, Parity, TokenizerInfo, versions
 from .modules import SentenceEmbedding
 from .progress import Job, silent
@@ -141,12 +141,18 @@ def copy_artifact(artifact_dir: Path, out_dir: Path) -> None:
         shutil.copytree(artifact_dir / DENSE_DIR, out_dir / DENSE_DIR)
 
 
+def tokenizer_of(model_dir: Path) -> TokenizerInfo | None:
+    """The dir's own tokenizer files; None when it has none."""
+    present = [f for f in TOKENIZER_FILES if (model_dir / f).is_file()]
+    return TokenizerInfo(files=present, source="artifact") if present else None
+
+
 def ensure_tokenizer(out_dir: Path, config) -> TokenizerInfo:
     """Tokenizer files of the dir; a published checkpoint dir may have none: BiGS uses BERT uncased
     WordPiece, so with the BERT vocab size the project's copy is written (and the manifest says so)."""
-    present = [f for f in TOKENIZER_FILES if (out_dir / f).is_file()]
-    if present:
-        return TokenizerInfo(files=present, source="artifact")
+    present = tokenizer_of(out_dir)
+    if present is not None:
+        return present
     if config.vocab_size == BERT_VOCAB_SIZE:
         from model.tokenizer import save_tokenizer
 
@@ -172,6 +178,7 @@ def export_artifact(
     job = Job(f"export {artifact_dir}", emit=report or silent)  # started now: every line's "elapsed"
     if not (artifact_dir / "config.json").is_file():
         raise FileNotFoundError(f"{artifact_dir}/config.json not found: not an artifact dir")
+    source = source_table(artifact_dir)  # before anything is written (the out dir may be the artifact's)
     copy_artifact(artifact_dir, out_dir)
     write_hub_files(out_dir)
     for stale in ("onnx", "stablehlo"):  # a re-export must not leave files of an earlier one
@@ -181,34 +188,10 @@ def export_artifact(
     dense = read_dense(out_dir)
     embedding = SentenceEmbedding(dense).eval()  # the embeddings head: mean over real tokens [→ Dense]
     config = model.config
-    architecture = parity.architecture_of(config)
     buckets = resolve_buckets(options.buckets, config.max_position_embeddings)
-    manifest = Manifest(
-        model=ModelInfo(
-            name=artifact_dir.resolve().name,
-            architecture=architecture,
-            model_type=config.model_type,
-            vocab_size=config.vocab_size,
-            hidden_size=config.hidden_size,
-            num_hidden_layers=config.num_hidden_layers,
-            max_position_embeddings=config.max_position_embeddings,
-            pad_token_id=config.pad_token_id,
-            embedding_size=config.hidden_size if dense is None else dense.out_features,
-        ),
-        heads=heads_for(architecture),
-        embeddings=describe_embeddings(dense),
-        labels=dict(config.id2label) if architecture in LABELLED_ARCHITECTURES else None,
-        tokenizer=ensure_tokenizer(out_dir, config),
-        buckets=buckets,
-        parity=Parity(
-            reference="torch, fp32, ssm_formulation='fft' (kernels in float64), same weights",
-            tolerance=options.tolerance,
-            criterion="max_abs_diff <= tolerance * max(1, reference_max_abs), per output",
-            seed=options.seed,
-            cases=parity.CASES,
-        ),
-        versions=versions(),
-    )
+    tokenizer = ensure_tokenizer(out_dir, config)
+    manifest = describe_artifact(artifact_dir.resolve().name, config, dense, tokenizer, buckets, options)
+    manifest.source = source
 
     precisions = variants_to_write(options, manifest.tokenizer)
     if "onnx" in options.formats:
@@ -232,7 +215,7 @@ def export_artifact(
         manifest.stablehlo = export_stablehlo(
             config,
             state,
-            architecture,
+            manifest.model.architecture,
             buckets,
             out_dir,
             embed_weights=options.embed_weights,
@@ -254,6 +237,58 @@ def export_artifact(
     record_hashes(manifest, out_dir)
     manifest.write(out_dir)
     return manifest
+
+
+def describe_artifact(
+    name: str, config, dense, tokenizer: TokenizerInfo, buckets: list[int], options: ExportOptions | None = None
+) -> Manifest:
+    """The manifest of a model before anything of it is exported: what it is, its heads, labels, tokenizer and
+    buckets, and how parity will be measured. `bigs export` fills in the rest; `bigs serve`, given an
+    artifact dir, serves the artifact on torch with this while its export is written (service/preparation.py)."""
+    options = options or ExportOptions()
+    architecture = parity.architecture_of(config)
+    return Manifest(
+        model=ModelInfo(
+            name=name,
+            architecture=architecture,
+            model_type=config.model_type,
+            vocab_size=config.vocab_size,
+            hidden_size=config.hidden_size,
+            num_hidden_layers=config.num_hidden_layers,
+            max_position_embeddings=config.max_position_embeddings,
+            pad_token_id=config.pad_token_id,
+            embedding_size=config.hidden_size if dense is None else dense.out_features,
+        ),
+        heads=heads_for(architecture),
+        embeddings=describe_embeddings(dense),
+        labels=dict(config.id2label) if architecture in LABELLED_ARCHITECTURES else None,
+        tokenizer=tokenizer,
+        buckets=buckets,
+        parity=Parity(
+            reference="torch, fp32, ssm_formulation='fft' (kernels in float64), same weights",
+            tolerance=options.tolerance,
+            criterion="max_abs_diff <= tolerance * max(1, reference_max_abs), per output",
+            seed=options.seed,
+            cases=parity.CASES,
+        ),
+        versions=versions(),
+    )
+
+
+def describe_artifact_dir(artifact_dir: str | Path) -> Manifest:
+    """`describe_artifact` of an artifact dir as it is, written nowhere: what `bigs serve` needs to serve
+    the artifact on torch before its export exists. It needs the dir's own tokenizer.json (the service
+    tokenizes with it); a dir without one is exported first, which writes BERT's."""
+    from model import BiGSConfig
+
+    artifact_dir = Path(artifact_dir)
+    tokenizer = tokenizer_of(artifact_dir)
+    if tokenizer is None or "tokenizer.json" not in tokenizer.files:
+        raise ValueError(f"{artifact_dir} has no tokenizer.json: export it with `bigs export` (which writes BERT's "
+                         "WordPiece for a BERT vocabulary) and serve the export dir")  # fmt: skip
+    config = BiGSConfig.from_pretrained(str(artifact_dir))
+    buckets = resolve_buckets(None, config.max_position_embeddings)
+    return describe_artifact(artifact_dir.resolve().name, config, read_dense(artifact_dir), tokenizer, buckets)
 
 
 def describe_embeddings(dense) -> str:

@@ -40,6 +40,39 @@ def file_table(export_dir: Path) -> dict[str, FileEntry]:
     return table
 
 
+# The artifact files an export is computed from, relative to the artifact dir: the weights, the config,
+# the tokenizer and the embedding projection. An export records their sha256 (`Manifest.source`); when
+# any differs now, the export is not the artifact's any more (`stale_reason`). The model card, eval
+# results and curves are not among them: they change nothing an export computes.
+SOURCE_FILES = (
+    "config.json",
+    "model.safetensors",
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "vocab.txt",
+    "special_tokens_map.json",
+    "2_Dense/config.json",
+    "2_Dense/model.safetensors",
+)
+
+
+def source_table(artifact_dir: str | Path) -> dict[str, str]:
+    """{relative path: sha256} of the `SOURCE_FILES` the artifact dir has."""
+    present = (rel for rel in SOURCE_FILES if (Path(artifact_dir) / rel).is_file())
+    return {rel: sha256_file(Path(artifact_dir) / rel) for rel in present}
+
+
+def stale_reason(manifest: Manifest, artifact_dir: str | Path) -> str | None:
+    """Why an export dir is not the export of `artifact_dir` as the artifact is now; None when it is."""
+    if not manifest.source:
+        return "it does not record the artifact it was exported from (an earlier version wrote it)"
+    now = source_table(artifact_dir)
+    changed = sorted(rel for rel in set(now) | set(manifest.source) if now.get(rel) != manifest.source.get(rel))
+    if changed:
+        return f"the artifact's {', '.join(changed)} changed since it was exported"
+    return None
+
+
 def check_files(export_dir: Path, manifest: Manifest) -> list[str]:
     """What is wrong with the files the manifest lists: missing, or another sha256 ([] when all match)."""
     problems = []

@@ -290,6 +290,10 @@ class Manifest(_Section):
     latency: LatencyRecord | None = None
     versions: dict[str, str] = Field(default_factory=dict)
     files: dict[str, FileEntry] = Field(default_factory=dict)
+    # the artifact files the export was computed from, by sha256 (export/integrity.py SOURCE_FILES): how
+    # `bigs serve`, given the artifact dir, tells whether this export is still its export; empty in a dir
+    # written before it was recorded
+    source: dict[str, str] = Field(default_factory=dict)
 
     @property
     def max_length(self) -> int:

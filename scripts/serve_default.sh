@@ -1,16 +1,20 @@
 #!/usr/bin/env bash
 # Set up and serve the embedded default models on a fresh machine:
 #   bash scripts/serve_default.sh            (then: curl localhost:8000/ready)
-# Creates .venv, installs the project (serving + export), exports every artifact dir under models/
-# to build/models/<name>/ once (ONNX per length bucket, checked against torch, with the int8 variant,
-# and bf16 where OpenVINO runs it, each with its accuracy gate and latency on this CPU: what
-# `bigs export` writes by default, less StableHLO, which only `--runtime stablehlo` serves and which
-# costs ~35 s a model with its parity check), and runs `bigs serve` on them: precision auto serves, per
-# bucket, the fastest variant measured here that passed its gate. Environment variables BIGS_*
-# (service/settings.py) still apply.
-# The console: a line per phase here, a line per bucket of each export stage and of the warm-up,
-# then `ready at URL in … s — each model (tasks; precision)` and `start-up: install …, prepare …,
-# load …, warm-up …`: this script passes the seconds of its own phases on in BIGS_STARTUP_PHASES.
+# Creates .venv, installs the project (serving + export) and runs `bigs serve` on every artifact dir
+# under models/. The service serves each from its export under build/models/<name>/ when that is
+# current (it records the sha256 of the artifact files it was computed from), else at once on torch
+# from the artifact itself while the export is written in the background, one model at a time, at the
+# lowest CPU priority (ONNX per length bucket, checked against torch, with the int8 variant, and bf16
+# where OpenVINO runs it, each with its accuracy gate and latency on this CPU: what `bigs export`
+# writes by default, less StableHLO, which only `--runtime stablehlo` serves); each model switches to
+# its export when it is done (service/preparation.py), and the next start serves the exports at once.
+# precision auto then serves, per bucket, the fastest variant measured here that passed its gate.
+# Environment variables BIGS_* (service/settings.py) still apply.
+# The console: a line per phase here, a line per bucket of the warm-up, then `ready at URL in … s —
+# each model (tasks; precision)` and `start-up: install …, load …, warm-up …` (this script passes the
+# seconds of its install on in BIGS_STARTUP_PHASES), then a line per bucket of each background export
+# stage and one when each model switches to its export.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -50,28 +54,15 @@ else
 fi
 install_s=$(since "$began")
 
-began=$(now)  # prepare: each artifact dir exported once
 models=()
 for artifact in models/*/; do
   [ -f "$artifact/config.json" ] || continue
-  name=$(basename "$artifact")
-  out="build/models/$name"
-  # export once; again when the dir was written by another version of the export format, or
-  # before the precision variants and their latency were recorded
-  if ! python -c "import sys; from export.manifest import read_manifest
-m = read_manifest(sys.argv[1]); sys.exit('int8' not in m.precisions or m.latency is None)" "$out" 2>/dev/null; then
-    echo "prepare: exporting $artifact -> $out (once; a line per bucket of each stage)"
-    bigs export "$artifact" "$out" --formats onnx  # the runtime served here (see the top)
-  else
-    echo "prepare: $out is up to date"
-  fi
-  models+=(--model "$name=$out")
+  models+=(--model "$(basename "$artifact")=${artifact%/}")
 done
-prepare_s=$(since "$began")
 if [ ${#models[@]} -eq 0 ]; then
   echo "no artifact dir under models/ (train one: bigs train mlm --config training/recipes/mini-mlm.toml)" >&2
   exit 1
 fi
 echo "serve: loading and warming up (a line per bucket), then one line when ready"
-export BIGS_STARTUP_PHASES="install=$install_s prepare=$prepare_s"
-exec bigs serve "${models[@]}" --host "${BIGS_HOST:-127.0.0.1}" --port "${BIGS_PORT:-8000}"
+export BIGS_STARTUP_PHASES="install=$install_s"
+exec bigs serve "${models[@]}" --export-root build/models --host "${BIGS_HOST:-127.0.0.1}" --port "${BIGS_PORT:-8000}"

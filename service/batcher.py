@@ -99,9 +99,11 @@ class ModelBatcher:
     def batch_sizes(self, bucket: int) -> list[int]:
         return batch_sizes(bucket, self.settings.max_batch_tokens, self.settings.max_batch_size)
 
-    def shapes(self) -> list[tuple[str, int, int]]:
-        """Every (head, bucket, batch) this batcher can emit: what warm-up must cover."""
-        return [(h, b, n) for h in self.runtime.heads for b in self.runtime.buckets for n in self.batch_sizes(b)]
+    def shapes(self, runtime: Runtime | None = None) -> list[tuple[str, int, int]]:
+        """Every (head, bucket, batch) this batcher can emit (on `runtime`, default its own): what warm-up
+        must cover."""
+        runtime = runtime or self.runtime
+        return [(h, b, n) for h in runtime.heads for b in runtime.buckets for n in self.batch_sizes(b)]
 
     # -- lifecycle ------------------------------------------------------------------------
 
@@ -138,24 +140,26 @@ class ModelBatcher:
                     failed += 1
         return failed
 
-    def warm_shapes(self) -> list[tuple[str, int, int]]:
-        """The shapes warm-up runs: all of them, or batch 1 of each (head, bucket) (`warmup_batches`;
-        auto: all where the runtime compiles per shape, i.e. XLA)."""
-        shapes = self.shapes()
+    def warm_shapes(self, runtime: Runtime | None = None) -> list[tuple[str, int, int]]:
+        """The shapes warm-up runs on `runtime` (default its own): all of them, or batch 1 of each (head,
+        bucket) (`warmup_batches`; auto: all where the runtime compiles per shape, i.e. XLA)."""
+        runtime = runtime or self.runtime
+        shapes = self.shapes(runtime)
         policy = self.settings.warmup_batches
         if policy == "auto":
-            policy = "all" if self.runtime.kind == "stablehlo" else "first"
+            policy = "all" if runtime.kind == "stablehlo" else "first"
         return shapes if policy == "all" else [s for s in shapes if s[2] == 1]
 
-    def warm_up(self, done: Callable[[int, int], object] | None = None) -> None:
-        """Run every warm-up shape once (blocking; called before the service says ready), bucket by
-        bucket, shortest first; `done(bucket, shapes)` after each (one start-up line per bucket, not per
-        shape: a model has dozens of shapes)."""
-        shapes = self.warm_shapes()
+    def warm_up(self, done: Callable[[int, int], object] | None = None, runtime: Runtime | None = None) -> None:
+        """Run every warm-up shape once (blocking; called before the service says ready, or before a
+        model switches to `runtime`, default its own), bucket by bucket, shortest first; `done(bucket,
+        shapes)` after each (one start-up line per bucket, not per shape: a model has dozens of shapes)."""
+        runtime = runtime or self.runtime
+        shapes = self.warm_shapes(runtime)
         for bucket in sorted({b for _, b, _ in shapes}):
             these = [(head, batch) for head, b, batch in shapes if b == bucket]
             for head, batch in these:
-                self.runtime.run(head, bucket, placeholder_inputs(head, batch, bucket))
+                runtime.run(head, bucket, placeholder_inputs(head, batch, bucket))
             if done is not None:
                 done(bucket, len(these))
 

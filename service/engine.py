@@ -45,7 +45,7 @@ from export.manifest import Manifest
 from .admission import Admission
 from .batcher import DeadlineExceeded, Job, ModelBatcher, RuntimeFailure
 from .buckets import bucket_for
-from .cpu_features import precision_for_model
+from .cpu_features import PrecisionChoice, precision_for_model
 from .errors import ServiceError
 from .metrics import ServiceMetrics
 from .postprocess import (
@@ -113,7 +113,10 @@ class ModelEngine:
         settings: ServiceSettings,
         metrics: ServiceMetrics,
         admission: Admission,
+        runtime: str | None = None,
     ):
+        """`runtime`: what runs the model, default the settings'; "torch" for an artifact dir served while
+        its export is written (service/preparation.py), which then `switch_to`s the export."""
         self.name = name
         self.export_dir = Path(export_dir)
         self.manifest = manifest
@@ -127,16 +130,13 @@ class ModelEngine:
         self.id2label = manifest.labels
         self.problem_type = _config_field(self.export_dir, "problem_type")
         self.tokenizer = RequestTokenizer(self.export_dir / "tokenizer.json", self.max_length)
-        self.precision_choice = precision_for_model(settings.precision, settings.runtime, manifest)
-        self.runtime: Runtime = load_runtime(
-            settings.runtime,
-            self.export_dir,
-            manifest,
-            settings.intra_op_threads,
-            settings.ort_spin_wait,
-            settings.ort_shared_arena,
-            self.precision_choice.by_bucket,
-        )
+        kind = runtime or settings.runtime
+        if kind == settings.runtime:
+            self.precision_choice = precision_for_model(settings.precision, settings.runtime, manifest)
+        else:  # the artifact itself, the reference its export is measured against, until the export is done
+            self.precision_choice = PrecisionChoice(dict.fromkeys(manifest.buckets, "fp32"),
+                                                    ["the artifact on torch until its export is done"])  # fmt: skip
+        self.runtime: Runtime = self._load_runtime(kind, self.export_dir, manifest, self.precision_choice)
         self.batcher = ModelBatcher(name, self.runtime, settings, metrics)
         self.loaded_at = int(time.time())
         self.dimensions = manifest.model.embedding_size  # hidden_size, or the width of the dir's 2_Dense
@@ -165,6 +165,32 @@ class ModelEngine:
 
     def start(self) -> None:
         self.batcher.start()
+
+    def switch(self, export_dir: Path, manifest: Manifest) -> str:
+        """`switch_to` without progress lines; returns how the model is served now, in words."""
+        self.switch_to(export_dir, manifest)
+        return f"{self.runtime.kind}; {self.precision_choice.explain()}"
+
+    def switch_to(self, export_dir: str | Path, manifest: Manifest, done: Callable[[int, int], object] | None = None):
+        """Blocking (a worker thread, while requests are served): build the export dir's runtime at the
+        settings' runtime and precision, warm it up beside the runtime serving now (`done(bucket, shapes)`
+        per bucket), then send every later batch to it; a batch already running ends on the old one.
+        The export must be of the same model: same heads, buckets and tokenizer."""
+        if list(manifest.heads) != self.heads or sorted(manifest.buckets) != self.buckets:
+            raise ValueError(f"{export_dir} serves {manifest.heads} at {manifest.buckets}, the model "
+                             f"{self.heads} at {self.buckets}")  # fmt: skip
+        choice = precision_for_model(self.settings.precision, self.settings.runtime, manifest)
+        runtime = self._load_runtime(self.settings.runtime, Path(export_dir), manifest, choice)
+        if self.settings.warmup:
+            self.batcher.warm_up(done, runtime=runtime)
+        self.export_dir, self.manifest, self.precision_choice = Path(export_dir), manifest, choice
+        # the batcher reads its runtime as each batch is dispatched: one assignment moves every later batch
+        self.runtime = self.batcher.runtime = runtime
+
+    def _load_runtime(self, kind: str, export_dir: Path, manifest: Manifest, choice: PrecisionChoice) -> Runtime:
+        settings = self.settings
+        return load_runtime(kind, export_dir, manifest, settings.intra_op_threads, settings.ort_spin_wait,
+                            settings.ort_shared_arena, choice.by_bucket)  # fmt: skip
 
     async def stop(self) -> None:
         await self.batcher.stop()

@@ -17,7 +17,14 @@ class ServiceSettings(BaseSettings):
 
     models: Annotated[list[str], NoDecode] = Field(  # NoDecode: split_words parses the variable, not JSON only
         default_factory=list,
-        description="NAME=EXPORT_DIR pairs (or a bare EXPORT_DIR, named after its folder)",
+        description="NAME=DIR pairs (or a bare DIR, named after its folder): export dirs, or artifact dirs, each "
+        "served from its export under export_root when that is current, else at once on torch while the export is "
+        "written in the background",
+    )
+    export_root: str = Field(
+        "build/models",
+        description="where an artifact dir NAME given in models is exported (NAME/ under it; relative to the working "
+        "dir), and found current on the next start",
     )
     runtime: Literal["onnx", "stablehlo", "torch"] = Field(
         "onnx",

@@ -3,7 +3,9 @@
 Built by `create_app` (service/app.py) and reached by the routes (service/routes.py), which import
 it; it imports neither. Loading reads each export dir's manifest once, checks every file's sha256
 against it (export/integrity.py), builds the model's engine and warms up every shape the batcher
-can emit; only then is admission opened and the service ready.
+can emit; only then is admission opened and the service ready. An artifact dir is served from its
+current export, or on torch while the export is written in the background (service/preparation.py);
+those exports start once the service is ready and end with it.
 """
 
 from __future__ import annotations
@@ -14,14 +16,14 @@ import re
 import time
 from pathlib import Path
 
-from export.integrity import IntegrityError, require_intact
-from export.manifest import read_manifest
+from export.integrity import IntegrityError
 from export.progress import Job, phases, seconds
 
 from .admission import Admission
 from .engine import ModelEngine
 from .errors import ServiceError
 from .metrics import ServiceMetrics
+from .preparation import BackgroundExports, PendingExport, resolve
 from .settings import ServiceSettings
 
 log = logging.getLogger("bigs")  # service/logs.py formats it (text or JSON)
@@ -42,6 +44,9 @@ class ServiceState:
         self.load_error: str | None = None  # why the service will not become ready (public: no paths)
         self.failed: dict[str, str] = {}  # models that failed to load (skip_failed_models): name -> reason
         self.created = int(time.time())  # a failed model's `created` in /v1/models (it has no load time)
+        # artifact dirs served on torch until their export is written (service/preparation.py)
+        self.pending_exports: list[PendingExport] = []
+        self.exports: BackgroundExports | None = None
 
     def require_ready(self) -> None:
         if not self.ready:  # models appear one by one during warm-up: say "not ready", not "unknown model"
@@ -95,31 +100,32 @@ class ServiceState:
         (minutes for large models): a missing or modified dir is reported before any warm-up. A model
         that fails raises `LoadFailed`, unless `skip_failed_models`: then it is recorded in `failed`
         and the others are served (LoadFailed only when none is left)."""
-        manifests = {}
-        for name, path in self.settings.model_dirs().items():
-            try:
-                manifest = read_manifest(path)
-                if self.settings.verify_hashes:
-                    require_intact(path, manifest)
+        settings = self.settings
+        sources = {}
+        for name, path in settings.model_dirs().items():
+            try:  # an export dir, or an artifact dir served from its current export or on torch meanwhile
+                sources[name] = resolve(name, path, settings.runtime, settings.export_root, settings.verify_hashes)
             except Exception as error:
                 self._failed(name, path, error)
                 continue
-            manifests[name] = manifest
-        for name, manifest in manifests.items():
-            path = self.settings.model_dirs()[name]
+        for name, source in sources.items():
             started = time.perf_counter()
             try:
-                engine = ModelEngine(name, path, manifest, self.settings, self.metrics, self.admission)
+                engine = ModelEngine(name, source.path, source.manifest, settings, self.metrics, self.admission,
+                                     runtime=source.runtime)  # fmt: skip
                 warming = time.perf_counter()
-                shapes = engine.warm_up(self._warm_up_lines(name, engine)) if self.settings.warmup else 0
+                shapes = engine.warm_up(self._warm_up_lines(name, engine)) if settings.warmup else 0
                 self.warm_up_s += time.perf_counter() - warming
             except Exception as error:
-                self._failed(name, path, error)
+                self._failed(name, str(source.path), error)
                 continue
             self.models[name] = engine
+            if source.pending:
+                self.pending_exports.append(PendingExport(name, source.artifact, source.export_to, engine.switch))
             log.info(
-                "loaded %s from %s: %d shapes warmed in %.1f s; %s",
-                name, path, shapes, time.perf_counter() - started, engine.precision_choice.explain(),
+                "loaded %s from %s (%s): %d shapes warmed in %.1f s; %s",
+                name, source.path, source.why, shapes, time.perf_counter() - started,
+                engine.precision_choice.explain(),
             )  # fmt: skip
         if not self.models:
             raise LoadFailed("no model could be loaded: " + "; ".join(f"{n}: {r}" for n, r in self.failed.items()),
@@ -143,15 +149,22 @@ class ServiceState:
         `startup_phases` (the set-up script's install and export) come first."""
         elapsed = time.perf_counter() - self.started
         url = f"http://{self.settings.host}:{self.settings.port}"
+        exporting = [job.name for job in self.pending_exports]
         served = ", ".join(
-            f"{name} ({', '.join(engine.heads)}; {precision_words(engine.precision_choice.by_bucket)})"
+            f"{name} ({', '.join(engine.heads)}; {precision_words(engine.precision_choice.by_bucket)}"
+            f"{' on torch until exported' if name in exporting else ''})"
             for name, engine in self.models.items()
         )
         ready = f"ready at {url} in {seconds(elapsed, precise=True)} — {served}"
         if self.failed:
             ready += f"; failed to load: {', '.join(self.failed)}"
         spent = {**self.settings.earlier_phases(), "load": elapsed - self.warm_up_s, "warm-up": self.warm_up_s}
-        return [ready, f"start-up: {phases(spent)}"]
+        lines = [ready, f"start-up: {phases(spent)}"]
+        if exporting:
+            lines.append(f"exporting in the background, one at a time: {', '.join(exporting)} (to "
+                         f"{self.settings.export_root}/); each model switches to its export when it is done, "
+                         "and the next start serves the exports at once")  # fmt: skip
+        return lines
 
     def _failed(self, name: str, path: str, error: Exception) -> None:
         reason = one_line(error)
@@ -167,6 +180,9 @@ class ServiceState:
             engine.start()
         self.ready = not self.stopping
         self.admission.open = self.ready
+        if self.ready and self.pending_exports:
+            self.exports = BackgroundExports(self.pending_exports, self.settings.runtime, self.settings.verify_hashes)
+            self.exports.start()
 
     def begin_drain(self) -> None:
         """On SIGTERM, before the server waits for its connections: /ready and new requests get 503;
@@ -195,6 +211,8 @@ class ServiceState:
         self.stopping = True
         self.ready = False
         self.admission.open = False
+        if self.exports is not None:
+            await asyncio.to_thread(self.exports.stop)
         await asyncio.gather(*(engine.stop() for engine in self.models.values()))
 
 

@@ -123,7 +123,10 @@ def test_train_help_lists_the_config_keys():
         (["export", "/no/such/artifact", "/tmp/never-written"], ["bigs export:", "not an artifact dir"]),
         (["export", "--verify", "/no/such/export"], ["bigs export:", "not an export dir"]),
         (["serve"], ["bigs serve: no model", "BIGS_MODELS"]),
-        (["serve", "--model", "x=/no/such/export"], ["bigs serve:", "failed to load", "not an export dir"]),
+        (
+            ["serve", "--model", "x=/no/such/export"],
+            ["bigs serve:", "failed to load", "neither an export dir nor an artifact dir"],
+        ),
     ],
 )
 def test_a_user_error_is_one_line_and_a_non_zero_status(args, needles):

@@ -29,6 +29,9 @@ class TorchRuntime:
 
         import model  # noqa: F401  (registers BiGS with the Auto classes)
 
+        # no "Loading weights" carriage-return bar in the service's log of plain lines
+        transformers.utils.logging.disable_progress_bar()
+
         if intra_op_threads:
             torch.set_num_threads(intra_op_threads)
         self.heads = list(manifest.heads)
