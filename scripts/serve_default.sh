@@ -54,10 +54,18 @@ else
 fi
 install_s=$(since "$began")
 
+# The order decides what a request that names no model gets (the first classifier for /v1/classify and
+# TEI's /predict, the first model for /tokenize and POST /) and the order of the background exports:
+# the fill-mask model, then the short-text classifiers before the long-document one; any other
+# artifact dir under models/ after these.
+first=(bigs-mini bigs-mini-news bigs-mini-sentiment bigs-mini-embed bigs-mini-longdoc)
 models=()
-for artifact in models/*/; do
+for artifact in "${first[@]/#/models/}" models/*/; do
+  artifact=${artifact%/}
+  name=$(basename "$artifact")
   [ -f "$artifact/config.json" ] || continue
-  models+=(--model "$(basename "$artifact")=${artifact%/}")
+  case " ${models[*]-} " in *" $name=$artifact "*) continue ;; esac  # listed first already
+  models+=(--model "$name=$artifact")
 done
 if [ ${#models[@]} -eq 0 ]; then
   echo "no artifact dir under models/ (train one: bigs train mlm --config training/recipes/mini-mlm.toml)" >&2

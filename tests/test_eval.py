@@ -69,6 +69,25 @@ def test_a_classifier_scores_its_cards_test_accuracy_beside_both_baselines(tmp_p
     assert 0.0 < scores["majority class accuracy"]["value"] < scores["TF-IDF + LR accuracy"]["value"] <= 1.0
 
 
+@pytest.mark.slow
+def test_a_long_document_classifier_is_scored_whole_and_cut_as_its_training_card_was(tmp_path):
+    # eval reads the test documents at the run's own length (4,096) and cut to each of its test
+    # truncations; both equal what the training run measured through its own batches
+    model = ROOT / "models" / "bigs-mini-longdoc"
+    card = json.loads((model / "training_card.json").read_text())
+    out = tmp_path / "report.json"
+    done = subprocess.run(
+        [sys.executable, "-m", "bigs_cli", "eval", str(model), "--data-dir", str(tmp_path / "data"), "--json", str(out)],
+        cwd=ROOT, capture_output=True, text=True, timeout=1200,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    rows = {(r["metric"], r["note"]): r for r in json.loads(out.read_text())["rows"]}
+    assert rows[("accuracy", "read up to 4,096 tokens")]["value"] == pytest.approx(card["held_out"]["test_accuracy"])
+    cut = rows[("accuracy", "cut to 512 tokens")]
+    assert cut["value"] == pytest.approx(card["held_out"]["test_at_512_accuracy"])
+    assert cut["count"] == rows[("accuracy", "read up to 4,096 tokens")]["count"] == 61
+
+
 def test_a_dir_that_is_no_model_is_a_one_line_error(tmp_path):
     done = subprocess.run(
         [sys.executable, "-m", "bigs_cli", "eval", str(tmp_path)], cwd=ROOT, capture_output=True, text=True, timeout=300

@@ -307,29 +307,44 @@ def score_classification(model, data_dir: Path, batch_size: int = 16) -> list[Ro
     if not sources:
         raise ValueError("the model's training card does not name its labelled set; nothing to score it on")
     source = sources[0]  # a classify stage reads exactly one labelled set
+    data = (model.card.get("config") or {}).get("data") or {}
+    # texts read as the run read them: up to 512 tokens, or a long-document classifier's own length
+    read = min(model.max_length, max(512, data.get("seq_len") or 512))
     tokenizer = bert_uncased_tokenizer(model_max_length=model.max_length)
-    build_labelled(source, data_dir, max_length=min(model.max_length, 512), seed=0, tokenizer=tokenizer)
+    build_labelled(source, data_dir, max_length=read, seed=0, tokenizer=tokenizer)
     train, test = open_split(data_dir, "train"), open_split(data_dir, "test")
-    every = np.arange(len(test))
     labels = np.asarray(test.arrays["labels"])
-    predictions = []
-    for start in range(0, len(test), batch_size):
-        arrays = test.take(every[start : start + batch_size])
-        length = int(arrays["attention_mask"].sum(axis=1).max())
-        ids, attention = arrays["input_ids"][:, :length], arrays["attention_mask"][:, :length]
-        predictions.append(np.argmax(model.classify(ids, attention), axis=-1))
-    predictions = np.concatenate(predictions)
     num_labels = int(max(labels.max(), np.asarray(train.arrays["labels"]).max()) + 1)
-    report = classification_report(labels, predictions, num_labels)
     name = f"{source} test split"
+    whole = f"read up to {read:,} tokens" if read > 512 else ""
+    report = classification_report(labels, _predict(model, test, batch_size), num_labels)
     rows = [
-        Row(name, "accuracy", report["accuracy"], len(labels)),
-        Row(name, "macro-F1", report["f1_macro"], len(labels)),
+        Row(name, "accuracy", report["accuracy"], len(labels), whole),
+        Row(name, "macro-F1", report["f1_macro"], len(labels), whole),
     ]
+    for length in data.get("test_truncations") or []:  # the same documents cut short: what the length buys
+        cut = classification_report(labels, _predict(model, test, batch_size, length), num_labels)
+        rows.append(Row(name, "accuracy", cut["accuracy"], len(labels), f"cut to {length:,} tokens"))
     majority = majority_baseline(np.asarray(train.arrays["labels"]), labels, num_labels)
     rows.append(Row(name, "majority class accuracy", majority["accuracy"], len(labels), "baseline"))
     rows.append(Row(name, "TF-IDF + LR accuracy", tfidf_baseline(train, test, tokenizer), len(labels), "baseline"))
     return rows
+
+
+def _predict(model, split, batch_size: int, cut_to: int | None = None) -> np.ndarray:
+    """The model's label for every row of `split`, each row read whole or cut to `cut_to` tokens."""
+    from .data.tokenization import cut_rows
+
+    every = np.arange(len(split))
+    predictions = []
+    for start in range(0, len(split), batch_size):
+        arrays = split.take(every[start : start + batch_size])
+        if cut_to is not None and arrays["input_ids"].shape[1] > cut_to:
+            arrays = cut_rows(arrays, cut_to, split.special_ids.sep)
+        length = int(arrays["attention_mask"].sum(axis=1).max())
+        ids, attention = arrays["input_ids"][:, :length], arrays["attention_mask"][:, :length]
+        predictions.append(np.argmax(model.classify(ids, attention), axis=-1))
+    return np.concatenate(predictions)
 
 
 def tfidf_baseline(train, test, tokenizer) -> float:

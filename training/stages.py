@@ -36,6 +36,7 @@ from model.modeling_flax_bigs import (
 from model.tokenizer import bert_uncased_tokenizer
 from training.data import BatchOrder, MaskingConfig, build_corpus, build_labelled, mask_tokens, open_split, repack
 from training.data.spans import encode_qa, encode_tagged, label_names, read_squad, read_tagged, split_by
+from training.data.tokenization import cut_rows
 
 from .artifact import device_description, load_artifact, write_artifact
 from .config import TrainConfig
@@ -214,10 +215,7 @@ def truncated_batches(batches, length: int, sep_id: int):
 
     def cut():
         for batch in batches():
-            batch = {k: np.array(v[:, :length]) if v.ndim == 2 else v for k, v in batch.items()}
-            longer = batch["attention_mask"][:, -1] == 1  # a real token in the last kept position
-            batch["input_ids"][longer, -1] = sep_id
-            yield batch
+            yield cut_rows(batch, length, sep_id)
 
     return cut
 

@@ -205,3 +205,14 @@ def encode_labelled(
     (tmp / INDEX).write_text(json.dumps(index, indent=1))
     publish_dir(tmp, out_dir)
     return index
+
+
+def cut_rows(arrays: dict[str, np.ndarray], length: int, sep_id: int) -> dict[str, np.ndarray]:
+    """Tokenized rows cut to `length` tokens as the tokenizer cuts a single text (truncation=True):
+    [CLS] + the first length − 2 tokens + [SEP]. What a model limited to `length` sees of each
+    document, so a long-input classifier can be scored against itself cut short. 1-D arrays (labels)
+    pass unchanged."""
+    cut = {k: np.array(v[:, :length]) if v.ndim == 2 else v for k, v in arrays.items()}
+    longer = cut["attention_mask"][:, -1] == 1  # a real token in the last kept position
+    cut["input_ids"][longer, -1] = sep_id
+    return cut
