@@ -166,26 +166,22 @@ class ModelEngine:
     def start(self) -> None:
         self.batcher.start()
 
-    def switch(self, export_dir: Path, manifest: Manifest) -> str:
-        """`switch_to` without progress lines; returns how the model is served now, in words."""
-        self.switch_to(export_dir, manifest)
-        return f"{self.runtime.kind}; {self.precision_choice.explain()}"
-
-    def switch_to(self, export_dir: str | Path, manifest: Manifest, done: Callable[[int, int], object] | None = None):
+    def switch_to(self, export_dir: Path, manifest: Manifest) -> str:
         """Blocking (a worker thread, while requests are served): build the export dir's runtime at the
-        settings' runtime and precision, warm it up beside the runtime serving now (`done(bucket, shapes)`
-        per bucket), then send every later batch to it; a batch already running ends on the old one.
-        The export must be of the same model: same heads, buckets and tokenizer."""
+        settings' runtime and precision, warm it up beside the runtime serving now, then send every later
+        batch to it; a batch already running ends on the old one. The export must be of the same model
+        (same heads and buckets). Returns how the model is served now, in words."""
         if list(manifest.heads) != self.heads or sorted(manifest.buckets) != self.buckets:
             raise ValueError(f"{export_dir} serves {manifest.heads} at {manifest.buckets}, the model "
                              f"{self.heads} at {self.buckets}")  # fmt: skip
         choice = precision_for_model(self.settings.precision, self.settings.runtime, manifest)
         runtime = self._load_runtime(self.settings.runtime, Path(export_dir), manifest, choice)
         if self.settings.warmup:
-            self.batcher.warm_up(done, runtime=runtime)
+            self.batcher.warm_up(runtime=runtime)
         self.export_dir, self.manifest, self.precision_choice = Path(export_dir), manifest, choice
         # the batcher reads its runtime as each batch is dispatched: one assignment moves every later batch
         self.runtime = self.batcher.runtime = runtime
+        return f"{runtime.kind}; {choice.explain()}"
 
     def _load_runtime(self, kind: str, export_dir: Path, manifest: Manifest, choice: PrecisionChoice) -> Runtime:
         settings = self.settings

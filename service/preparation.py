@@ -54,8 +54,7 @@ class ModelSource:
     path: Path  # the dir the engine is built from: an export dir, or the artifact dir itself
     manifest: Manifest
     runtime: str | None = None  # None: the settings' runtime; "torch" while the export is written
-    artifact: Path | None = None  # the artifact dir, when the export is still to be written
-    export_to: Path | None = None  # where that export goes
+    export_to: Path | None = None  # where the export of the artifact dir `path` is still to be written
     why: str = ""  # for the log: why it is served from `path`
 
     @property
@@ -78,10 +77,10 @@ def resolve(name: str, path: str | Path, runtime: str, export_root: str | Path, 
     if runtime == "torch":  # the reference runtime serves the artifact itself: nothing to export
         return ModelSource(path, describe(path), runtime="torch", why="the artifact dir itself (runtime torch)")
     target = Path(export_root) / name
-    reason = why_not_current(target, path, runtime, verify_hashes)
-    if reason is None:
-        return ModelSource(target, read_manifest(target), why=f"its export {target}, current")
-    return ModelSource(path, describe(path), runtime="torch", artifact=path, export_to=target,
+    manifest, reason = current_export(target, path, runtime, verify_hashes)
+    if manifest is not None:
+        return ModelSource(target, manifest, why=f"its export {target}, current")
+    return ModelSource(path, describe(path), runtime="torch", export_to=target,
                        why=f"torch while its export is written to {target} ({reason})")  # fmt: skip
 
 
@@ -98,27 +97,33 @@ def describe(artifact: Path) -> Manifest:
 
 def why_not_current(target: Path, artifact: Path, runtime: str, verify_hashes: bool) -> str | None:
     """Why `target` is not an export of `artifact` as it is now that `runtime` can serve; None if it is."""
+    return current_export(target, artifact, runtime, verify_hashes)[1] or None
+
+
+def current_export(target: Path, artifact: Path, runtime: str, verify_hashes: bool) -> tuple[Manifest | None, str]:
+    """(the manifest of `target`, "") when it is an export of `artifact` as it is now that `runtime` can
+    serve; else (None, why not)."""
     if not (target / MANIFEST).is_file():
-        return "not exported yet"
+        return None, "not exported yet"
     try:
         manifest = read_manifest(target)
     except ManifestError as error:
-        return str(error)
+        return None, str(error)
     if not manifest.parity.passed:
-        return "its parity check failed"
+        return None, "its parity check failed"
     stale = stale_reason(manifest, artifact)
     if stale:
-        return stale
+        return None, stale
     if runtime == "onnx" and (manifest.onnx is None or "int8" not in manifest.precisions or manifest.latency is None):
-        return "it has no ONNX graphs with a measured int8 variant"
+        return None, "it has no ONNX graphs with a measured int8 variant"
     if runtime == "stablehlo" and manifest.stablehlo is None:
-        return "it has no StableHLO artifacts"
+        return None, "it has no StableHLO artifacts"
     if verify_hashes:
         try:
             require_intact(target, manifest)
         except Exception as error:  # noqa: BLE001 (any file problem means: export again)
-            return str(error)
-    return None
+            return None, str(error)
+    return manifest, ""
 
 
 @dataclass

@@ -121,7 +121,7 @@ class ServiceState:
                 continue
             self.models[name] = engine
             if source.pending:
-                self.pending_exports.append(PendingExport(name, source.artifact, source.export_to, engine.switch))
+                self.pending_exports.append(PendingExport(name, source.path, source.export_to, engine.switch_to))
             log.info(
                 "loaded %s from %s (%s): %d shapes warmed in %.1f s; %s",
                 name, source.path, source.why, shapes, time.perf_counter() - started,
