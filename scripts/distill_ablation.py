@@ -11,6 +11,8 @@ Rows:
             no teacher pass is paid for)
   distill   the recipe as it is: the teacher's embeddings, and its hidden states and sentence
             embedding beside the MLM loss
+  wide      the recipe as it is at the teacher's width (d = 384 instead of 256): the embeddings copied
+            without a PCA; what the wider student buys for its extra megabytes and milliseconds
 
 Per row, through the `bigs` command line as a user would run it:
   1. `bigs train mlm --config training/recipes/distill-mlm.toml … --max-minutes M`: the slice stops at
@@ -19,6 +21,8 @@ Per row, through the `bigs` command line as a user would run it:
      corpus's test split, retrieval of long held-out articles.
   3. `bigs train classify --config training/recipes/distill-news.toml init_from=WEIGHTS`, at the
      row's 128 positions, `--news-steps` steps: BBC News test accuracy from its card.
+  4. Its size (parameters; MB as fp16) and the milliseconds of one 4,096-token document through the
+     torch model of its shape (fp32, batch 1, median of 5): what it would cost to serve.
 A stage whose output exists is not run again (delete its dir to redo it). Never run beside other work:
 the rows are compared at equal wall-clock minutes, so they need the machine to themselves.
 """
@@ -42,7 +46,9 @@ ROWS = {
     "scratch": ["distill=null"],
     "init": ['distill={"teacher": "default", "hidden_weight": 0, "embedding_weight": 0}'],
     "distill": [],
+    "wide": ["model.hidden_size=384"],
 }
+LATENCY_TOKENS = 4096
 
 
 def bigs(*args: str) -> None:
@@ -53,6 +59,31 @@ def bigs(*args: str) -> None:
 def latest_weights(run_dir: Path) -> Path:
     steps = sorted((int(p.name), p) for p in (run_dir / "weights").iterdir() if p.name.isdigit())
     return steps[-1][1]
+
+
+def serving_cost(weights: Path) -> dict:
+    """Parameters, fp16 MB and the median ms of one LATENCY_TOKENS-token document through the torch model of
+    this row's shape, its positions extended to that length (the cost depends on the shape alone)."""
+    import statistics
+    import time
+
+    import torch
+
+    from model.configuration_bigs import BiGSConfig
+    from model.modeling_bigs import BiGSForMaskedLM
+
+    config = BiGSConfig.from_pretrained(weights)
+    parameters = sum(p.numel() for p in BiGSForMaskedLM(config).parameters())
+    config.max_position_embeddings = LATENCY_TOKENS
+    model = BiGSForMaskedLM(config).eval()
+    ids = torch.randint(1000, config.vocab_size, (1, LATENCY_TOKENS))
+    times = []
+    with torch.inference_mode():
+        for _ in range(6):  # the first is a warm-up
+            start = time.perf_counter()
+            model.bigs(input_ids=ids, attention_mask=torch.ones_like(ids))
+            times.append(time.perf_counter() - start)
+    return {"parameters": parameters, "fp16_mb": parameters * 2 / 1e6, "ms_4096": 1000 * statistics.median(times[1:])}
 
 
 def run_row(row: str, out: Path, minutes: float, news_steps: int, data_dir: str, overrides: list[str]) -> dict:
@@ -86,6 +117,7 @@ def run_row(row: str, out: Path, minutes: float, news_steps: int, data_dir: str,
         "cloze_top5": score("top-5"),
         "retrieval_top1": score("retrieval top-1", "articles"),
         "news_test_accuracy": news.get("test_accuracy"),
+        **serving_cost(weights),
     }
 
 
@@ -95,17 +127,18 @@ def table(results: list[dict], minutes: float, news_steps: int) -> str:
 
     lines = [
         f"Equal CPU time: {minutes:g} minutes of `bigs train mlm` per row on {cpu_description()} "
-        f"({platform.machine()}); news: {news_steps} steps at 128 tokens from each row's weights.",
+        f"({platform.machine()}); news: {news_steps} steps at 128 tokens from each row's weights; ms: one "
+        f"{LATENCY_TOKENS:,}-token document through torch (fp32, batch 1, median of 5).",
         "",
         "| row | steps | tokens seen | masked-token acc. (test docs) | cloze top-1 | cloze top-5 | retrieval top-1 "
-        "| BBC News test acc. |",
-        "|---|---|---|---|---|---|---|---|",
+        f"| BBC News test acc. | parameters | fp16 MB | ms at {LATENCY_TOKENS:,} |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in results:
         lines.append(
             f"| {r['row']} | {r['steps']} | {r['tokens_seen']:,} | {pct(r['masked_token_accuracy'])} | "
             f"{pct(r['cloze_top1'])} | {pct(r['cloze_top5'])} | {pct(r['retrieval_top1'])} | "
-            f"{pct(r['news_test_accuracy'])} |"
+            f"{pct(r['news_test_accuracy'])} | {r['parameters'] / 1e6:.1f}M | {r['fp16_mb']:.0f} | {r['ms_4096']:.0f} |"
         )
     return "\n".join(lines) + "\n"
 
