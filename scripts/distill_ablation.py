@@ -1,8 +1,8 @@
-"""What the teacher buys, at equal CPU time (docs/MODELS.md): three rows of the distilled MLM's recipe
+"""What the teacher buys, at equal CPU time (docs/MODELS.md): four rows of the distilled MLM's recipe
 (training/recipes/distill-mlm.toml), each trained for the same minutes on the same data, then scored
 the same way.
 
-    python scripts/distill_ablation.py [--out runs/ablation] [--minutes 20] [--rows scratch,init,distill]
+    python scripts/distill_ablation.py [--out runs/ablation] [--minutes 20] [--rows scratch,init,distill,wide]
         [--news-steps 120] [--data-dir runs/distill-mlm/data] [--set KEY=VALUE …] [--report FILE]
 
 Rows:
