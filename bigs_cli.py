@@ -1,6 +1,6 @@
 """`bigs` — the command line. Thin: parse, build the config, call one function.
 
-bigs train mlm|extend|classify|qa|tokens [--config FILE] [key=value …]   train in JAX → artifact dir
+bigs train mlm|extend|embed|teacher-mlm|classify|qa|tokens [--config FILE] [key=value …]   train in JAX → artifact dir
 bigs train … [--max-minutes N | --until-step S] [--resume | --warm-start DIR]   a run in slices: stop, continue
 bigs serve --model NAME=EXPORT_DIR [--runtime onnx|stablehlo|torch]  serve over HTTP
 bigs serve --print-settings                                        the settings in effect, and from where
@@ -120,7 +120,8 @@ def cmd_train(args: argparse.Namespace) -> None:
         fail("train", f"invalid config: {describe_invalid(error, lambda name: name)}{hint}")
     except syntax_errors as error:  # no such file, a dir; TOML / JSON / YAML syntax
         fail("train", f"config {args.config}: {one_line(error)}")
-    if config.init_from and not (Path(config.init_from) / "config.json").is_file():
+    default_teacher = config.stage == "teacher-mlm" and config.init_from == "default"
+    if config.init_from and not default_teacher and not (Path(config.init_from) / "config.json").is_file():
         fail("train", f"init_from {config.init_from}: not an artifact dir (no config.json)")
     from training.slices import WEIGHTS, SliceError, check_slice_inputs
 
@@ -473,13 +474,14 @@ def build_parser() -> argparse.ArgumentParser:
     train = sub.add_parser(
         "train",
         help="train in JAX: mlm (pretraining), extend (longer inputs), embed (an embedding model from a teacher), "
+        "teacher-mlm (a BERT-family teacher adapted into a masked LM, whose answers mlm can distil), "
         "classify, qa, tokens (fine-tuning)",
         description="Settings come from --config (JSON/TOML/YAML) and key=value overrides, e.g. "
         "bigs train mlm --config run.toml optim.learning_rate=1e-4 data.sources='[\"kjv\"]'",
         formatter_class=argparse.RawDescriptionHelpFormatter,
         populate=lambda p: setattr(p, "epilog", config_keys_help()),
     )
-    train.add_argument("stage", choices=["mlm", "extend", "embed", "classify", "qa", "tokens"])
+    train.add_argument("stage", choices=["mlm", "extend", "embed", "teacher-mlm", "classify", "qa", "tokens"])
     train.add_argument("--config", default=None, help="run config file (JSON, TOML or YAML)")
     train.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="e.g. num_steps=1000 output_dir=runs/x")
     train.add_argument(

@@ -112,7 +112,7 @@ def test_an_extension_starts_its_sentence_projection_from_the_source_dense(disti
 
 def test_the_objective_adds_each_weighted_mean_to_the_mlm_sum_per_masked_token():
     class Settings:
-        hidden_weight, embedding_weight = 2.0, 0.5
+        hidden_weight, embedding_weight, logits_weight = 2.0, 0.5, 0.0
         layer_pairs = None
         hidden_kind = "cosine"
 
@@ -121,7 +121,7 @@ def test_the_objective_adds_each_weighted_mean_to_the_mlm_sum_per_masked_token()
     logits = jnp.asarray(np.random.default_rng(0).normal(size=(2, 3, 11)), jnp.float32)
     labels = jnp.asarray([[1, 2, -100], [3, -100, -100]])
     means = {"hidden_loss": jnp.float32(0.3), "embedding_loss": jnp.float32(0.2)}
-    total, count, extra = objective.loss_sums((logits, means), labels)
+    total, count, extra = objective.loss_sums((logits, means, None), labels)
     assert int(count) == 3
     assert float(total) == pytest.approx(float(extra["mlm_loss"]) + 3 * (2.0 * 0.3 + 0.5 * 0.2), rel=1e-6)
     assert float(extra["hidden_loss"]) == pytest.approx(3 * 0.3) and "correct" in extra
@@ -161,7 +161,7 @@ def test_with_both_weights_zero_the_objective_is_the_mlm_loss_and_the_teacher_do
         outputs = objective.apply_fn(
             {"params": params}, ids, mask, jnp.zeros_like(ids), positions, unmasked_input_ids=None if not parts else ids
         )
-        assert set(outputs[1]) == parts
+        assert set(outputs[1]) == parts and outputs[2] is None  # no logit teacher weighted: none ran
         if not parts:
             total, count, _ = objective.loss_sums(outputs, labels)
             expected, _, _ = mlm_loss_sums(outputs[0], labels)

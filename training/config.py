@@ -124,12 +124,31 @@ class DistillSettings(_Section):
     embedding_weight: float = Field(
         0.0, ge=0, description="weight of the sentence-embedding loss (pooled student vs the teacher's embedding)"
     )
+    logits_teacher: str | None = Field(
+        None,
+        description="a local BERT masked LM with the project's vocabulary (e.g. `bigs train teacher-mlm`'s "
+        "artifact) whose answers at the masked positions are distilled; it reads the masked text, as the student",
+    )
+    logits_weight: float = Field(
+        0.0, ge=0, description="weight of the KL divergence from logits_teacher's to the student's distributions"
+    )
+    temperature: float = Field(2.0, gt=0, description="softens both distributions of the logit loss (× T²)")
+
+    @model_validator(mode="after")
+    def logits_need_a_teacher(self) -> DistillSettings:
+        if self.logits_weight > 0 and not self.logits_teacher:
+            raise ValueError("[distill] logits_weight > 0 needs logits_teacher (a masked-LM dir)")
+        return self
 
 
 class TrainConfig(_Section):
-    stage: Literal["mlm", "extend", "embed", "classify", "qa", "tokens"] = "mlm"
+    stage: Literal["mlm", "extend", "embed", "teacher-mlm", "classify", "qa", "tokens"] = "mlm"
     output_dir: str = "runs/bigs"
-    init_from: str | None = Field(None, description="artifact dir to start from (extend, classify)")
+    init_from: str | None = Field(
+        None,
+        description="artifact dir to start from (extend, embed, classify, qa, tokens); teacher-mlm: a BERT-family "
+        "dir, or 'default' (all-MiniLM-L6-v2 from the distill extra)",
+    )
     model: ModelSettings = Field(default_factory=ModelSettings)
     data: DataSettings = Field(default_factory=DataSettings)
     optim: OptimSettings = Field(default_factory=OptimSettings)
@@ -187,8 +206,9 @@ class TrainConfig(_Section):
         """What a stage needs besides the defaults, checked when the config is read (not after the
         data is built): extend, embed and classify start from an artifact; classify reads one labelled
         set; embed learns from a teacher's sentence embedding."""
-        if self.stage in ("extend", "embed", "classify", "qa", "tokens") and not self.init_from:
-            what = "the shorter artifact to continue from" if self.stage == "extend" else "an MLM artifact dir"
+        if self.stage in ("extend", "embed", "teacher-mlm", "classify", "qa", "tokens") and not self.init_from:
+            what = {"extend": "the shorter artifact to continue from", "teacher-mlm": "a BERT-family dir or 'default'"}
+            what = what.get(self.stage, "an MLM artifact dir")
             raise ValueError(f"stage {self.stage} needs init_from: {what}")
         if self.stage == "embed" and (self.distill is None or self.distill.embedding_weight <= 0):
             raise ValueError(
@@ -201,8 +221,10 @@ class TrainConfig(_Section):
             raise ValueError("data.test_truncations applies to classify on single texts (pairs are cut differently)")
         if any(not 4 <= n < self.data.seq_len for n in cuts):
             raise ValueError(f"data.test_truncations {cuts}: each must be at least 4 and below data.seq_len")
-        if self.distill is not None and self.stage not in ("mlm", "extend", "embed"):
+        if self.distill is not None and self.stage not in ("mlm", "extend", "embed"):  # teacher-mlm is the teacher
             raise ValueError(f"[distill] applies to the mlm, extend and embed stages, not {self.stage}")
+        if self.stage == "embed" and self.distill.logits_weight > 0:
+            raise ValueError("stage embed has no MLM head: [distill] logits_weight applies to mlm and extend")
         if self.resume and self.warm_start:
             raise ValueError("resume (from a checkpoint) and warm_start (from a weights dir) exclude each other")
         return self

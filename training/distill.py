@@ -16,6 +16,12 @@ padding.
     a learned projection to the teacher's width, L2-normalised, against the teacher's sentence
     embedding (normalised too): 1 − cosine, averaged over the batch.
 
+(c) `logit_distillation_loss`: a masked LM teacher's answers (e.g. `bigs train teacher-mlm`'s artifact):
+    at every masked position, T² · KL(softmax(z_t / T) ‖ softmax(z_s / T)) between the teacher's and the
+    student's distributions over the vocabulary (Hinton et al.'s soft targets; T² keeps the gradient's
+    scale independent of T), averaged over the masked positions. Here the teacher reads the MASKED
+    text, as the student does: its answers to the same question are what is distilled.
+
 1 − cos(a, b) is computed as ½‖â − b̂‖² (equal for unit vectors), so it is exactly 0 when the two
 normalised vectors are equal and never negative by rounding.
 
@@ -108,6 +114,17 @@ def sentence_embedding_loss(student_last_hidden, real_tokens, projection: dict, 
     return jnp.mean(one_minus_cosine(student, jax.lax.stop_gradient(teacher_embedding.astype(jnp.float32))))
 
 
+def logit_distillation_sum(student_logits, teacher_logits, labels, temperature: float):
+    """Σ over the masked positions (labels != −100) of T² · KL(softmax(t/T) ‖ softmax(s/T)), logits
+    (B, P, V) at the same positions. KL is computed from log-softmaxes (no 0 · log 0), and is ≥ 0 up to
+    rounding; exactly 0 where the two distributions are equal."""
+    counted = (labels != -100).astype(jnp.float32)
+    log_p_teacher = jax.nn.log_softmax(jax.lax.stop_gradient(teacher_logits).astype(jnp.float32) / temperature)
+    log_p_student = jax.nn.log_softmax(student_logits.astype(jnp.float32) / temperature)
+    kl = jnp.sum(jnp.exp(log_p_teacher) * (log_p_teacher - log_p_student), axis=-1)  # (B, P)
+    return temperature**2 * jnp.sum(kl * counted)
+
+
 # ------------------------------------------------------------------------------------------
 # The distilled MLM objective: what a stage hands the trainer (apply_fn, loss_sums, params)
 # ------------------------------------------------------------------------------------------
@@ -127,11 +144,16 @@ class _TeacherObjective:
     the projections (one per layer pair, one for the sentence embedding) that train beside the student
     under `PROJECTIONS_KEY`."""
 
-    def __init__(self, module, teacher, settings, matmul_dtype=None):
+    def __init__(self, module, teacher, settings, matmul_dtype=None, logits_teacher=None):
         self.module = module
         self.teacher = teacher
         self.settings = settings
         self.matmul_dtype = matmul_dtype
+        # a masked LM whose answers are distilled (settings.logits_weight > 0), frozen like the teacher
+        self.logits_teacher = logits_teacher
+        self.logits_teacher_params = (
+            None if logits_teacher is None else jax.tree_util.tree_map(jnp.asarray, logits_teacher.mlm_flax_params)
+        )
         n_student = module.config.num_hidden_layers
         self.pairs = (
             [tuple(p) for p in settings.layer_pairs]
@@ -188,12 +210,14 @@ class _TeacherObjective:
 class DistilledMLM(_TeacherObjective):
     """The MLM loss with a teacher's losses beside it, as a (apply_fn, loss_sums) pair for the trainer.
 
-    `apply_fn` runs the student on the masked text (with its hidden states) and the frozen teacher on
-    `unmasked_input_ids` inside the same jit, and returns (logits, {loss name: mean}); `loss_sums`
-    adds the weighted means to the MLM sum as mean × count, so the trainer's division by the count of
-    masked tokens gives MLM mean + Σ weight × distillation mean, and reports each part beside it
-    (`mlm_loss`, `hidden_loss`, `embedding_loss`). The params are the student's tree plus
-    `PROJECTIONS_KEY`: one projection per layer pair, and one for the sentence embedding.
+    `apply_fn` runs the student on the masked text (with its hidden states), the frozen teacher on
+    `unmasked_input_ids` and, where a logit loss is weighted, the frozen teacher MLM on the masked text
+    at the same positions, all inside the same jit, and returns (logits, {loss name: mean}, the teacher
+    MLM's logits or None); `loss_sums` adds the weighted means to the MLM sum as mean × count, so the
+    trainer's division by the count of masked tokens gives MLM mean + Σ weight × distillation mean, and
+    reports each part beside it (`mlm_loss`, `hidden_loss`, `embedding_loss`, `logits_loss`). The
+    params are the student's tree plus `PROJECTIONS_KEY`: one projection per layer pair, and one for
+    the sentence embedding.
     """
 
     def apply_fn(self, variables, input_ids, attention_mask=None, token_type_ids=None, logits_positions=None,
@@ -203,19 +227,29 @@ class DistilledMLM(_TeacherObjective):
             {"params": student_params(params)}, input_ids, attention_mask, token_type_ids,
             deterministic=deterministic, logits_positions=logits_positions, output_hidden_states=True, rngs=rngs,
         )  # fmt: skip
+        teacher_logits = None
+        if self.settings.logits_weight > 0:
+            teacher_logits = self.logits_teacher.apply_jax_mlm(
+                self.logits_teacher_params, input_ids, attention_mask, token_type_ids, logits_positions,
+                matmul_dtype=self.matmul_dtype,
+            )  # fmt: skip
         if self.settings.hidden_weight == 0 and self.settings.embedding_weight == 0:
-            return logits, {}  # the teacher's embeddings only (init_from_teacher): no forward pass to pay
+            return logits, {}, teacher_logits  # no pass of the teacher encoder to pay (init_from_teacher only)
         if unmasked_input_ids is None:
             raise ValueError("a distilled MLM batch carries unmasked_input_ids (the text the teacher reads)")
         losses = self.teacher_losses(params, student_hidden, unmasked_input_ids, attention_mask, token_type_ids)
-        return logits, losses
+        return logits, losses, teacher_logits
 
     def loss_sums(self, outputs, labels):
         from .steps import mlm_loss_sums
 
-        logits, losses = outputs
+        logits, losses, teacher_logits = outputs
         mlm_sum, count, extra = mlm_loss_sums(logits, labels)
         distilled, parts = self.weighted(losses, count.astype(jnp.float32))
+        if teacher_logits is not None:
+            logits_sum = logit_distillation_sum(logits, teacher_logits, labels, self.settings.temperature)
+            distilled = distilled + self.settings.logits_weight * logits_sum
+            parts["logits_loss"] = logits_sum
         return mlm_sum + distilled, count, {**extra, "mlm_loss": mlm_sum, **parts}
 
 

@@ -287,10 +287,34 @@ def _extended_from(config: TrainConfig, old_length: int) -> dict:
     return record
 
 
+def teacher_dir_of(name: str) -> Path:
+    """A teacher named in a config: 'default' (all-MiniLM-L6-v2, the distill extra) or a local dir."""
+    return default_teacher_dir() if name == "default" else Path(name)
+
+
+def _teacher_as_mlm(config: TrainConfig) -> tuple[BiGSConfig, dict, dict]:
+    """teacher-mlm's start: `init_from`, a BERT-family encoder, as the stack/attention post-norm row
+    (model/bert.py) with its encoder's weights and a BERT MLM head: the teacher's own when it has one
+    (going on from an adapted teacher), else fresh (BERT's init; the decoder tied to its word
+    embeddings). Returns (config, params or the encoder alone to merge into a fresh tree, the source's
+    BERT config, which the artifact is written with)."""
+    teacher = Teacher.from_dir(teacher_dir_of(config.init_from))  # refuses another vocabulary by name
+    if config.data.seq_len > int(teacher.config["max_position_embeddings"]):
+        raise ValueError(f"data.seq_len {config.data.seq_len} is past the teacher's positions")
+    model_config = teacher.bigs_config()
+    model_config.hidden_dropout_prob = config.model.hidden_dropout_prob
+    params = teacher.mlm_flax_params if teacher.has_mlm_head else {"s4_bert": teacher.flax_params}
+    return model_config, params, teacher.config
+
+
 def _masked_lm(config: TrainConfig, started: float) -> Path:
     seq_len = config.data.seq_len
+    bert_base = None
     if config.stage == "extend":
         model_config, start_params, old_length = _source_with_positions(config)
+    elif config.stage == "teacher-mlm":
+        model_config, start_params, bert_base = _teacher_as_mlm(config)
+        old_length = None
     else:
         model_config, start_params, old_length = None, None, None
     tokenizer = bert_uncased_tokenizer(model_max_length=max(seq_len, 512))
@@ -300,12 +324,23 @@ def _masked_lm(config: TrainConfig, started: float) -> Path:
     module_kwargs = compute_precision(config.dtype).module_kwargs()
     module = FlaxBiGSForMaskedLMModule(model_config, **module_kwargs)
     fresh = init_params(module, seed=config.seed)
-    params = fresh if start_params is None else restrict_to(start_params, fresh)
+    if config.stage == "teacher-mlm":  # the teacher's encoder (and MLM head, where it has one); the rest fresh
+        params = {**fresh, **jax.tree_util.tree_map(np.asarray, start_params)}
+        params = restrict_to(params, fresh)
+    else:
+        params = fresh if start_params is None else restrict_to(start_params, fresh)
     masking = MaskingConfig.from_tokenizer(tokenizer, mlm_probability=config.data.mask_prob)
     stage_card = _stage_card(config, data_card)
     if config.stage == "extend":
         stage_card["extended_from"] = _extended_from(config, old_length)
+    if config.stage == "teacher-mlm":
+        stage_card["adapted_from"] = {
+            "teacher": str(teacher_dir_of(config.init_from)),
+            "mlm_head": "the teacher's" if "cls" in start_params else "fresh (BERT init, decoder tied)",
+        }
     apply_fn, loss_sums, not_in_weights = module.apply, mlm_loss_sums, ()
+    # an adapted teacher is written as the BERT dir it came from: plain transformers loads it
+    architecture = "BertForMaskedLM" if bert_base is not None else "BiGSForMaskedLM"
     distilling = config.distill is not None
     with_dense = distilling and config.distill.embedding_weight > 0  # the embedding it fitted is served
     if distilling:
@@ -325,7 +360,7 @@ def _masked_lm(config: TrainConfig, started: float) -> Path:
         loss_sums=loss_sums,
         train_batch=mlm_batch_source(train_split, config.batch_size, masking, config.seed, unmasked=distilling),
         eval_batches=eval_batches,
-        write_weights=_weights_writer(model_config, "BiGSForMaskedLM", tokenizer, stage_card, with_dense),
+        write_weights=_weights_writer(model_config, architecture, tokenizer, stage_card, with_dense, bert_base),
         not_in_weights=not_in_weights,
     )
     trainer = Trainer(config, task, clock_started=started)
@@ -333,7 +368,7 @@ def _masked_lm(config: TrainConfig, started: float) -> Path:
     if trainer.stopped:
         return _stopped(config, trainer)
     card = _card(stage_card, trainer, held_out, started)
-    return _finish(config, trainer, model_config, "BiGSForMaskedLM", card, tokenizer, with_dense)
+    return _finish(config, trainer, model_config, architecture, card, tokenizer, with_dense, bert_base)
 
 
 def _embedding_model(config: TrainConfig, started: float) -> Path:
@@ -381,15 +416,22 @@ def _distillation(
     card records of both. `sentence_from`: a Dense (d_s → d_t) the sentence projection starts from
     instead of a fresh one."""
     settings = config.distill
-    teacher_dir = default_teacher_dir() if settings.teacher == "default" else Path(settings.teacher)
-    teacher = Teacher.from_dir(teacher_dir)
+    teacher = Teacher.from_dir(teacher_dir_of(settings.teacher))
     teacher_positions = int(teacher.config["max_position_embeddings"])
     if config.data.seq_len > teacher_positions:
         raise ValueError(
             f"data.seq_len {config.data.seq_len} is past the teacher's {teacher_positions} positions: it cannot "
             "read those sequences (distil at its length, then extend without [distill])"
         )
-    objective = objective(module, teacher, settings, matmul_dtype=module_kwargs["matmul_dtype"])
+    logits_teacher = None
+    if settings.logits_weight > 0:
+        logits_teacher = Teacher.from_dir(teacher_dir_of(settings.logits_teacher))
+        if not logits_teacher.has_mlm_head:
+            raise ValueError(
+                f"logits_teacher {settings.logits_teacher} has no MLM head (cls.predictions.*): adapt it first "
+                "with `bigs train teacher-mlm`"
+            )
+    objective = objective(module, teacher, settings, matmul_dtype=module_kwargs["matmul_dtype"], logits_teacher=logits_teacher)  # fmt: skip
     card = {
         "teacher": str(teacher.path),
         "teacher_name": teacher.name,
@@ -398,6 +440,8 @@ def _distillation(
         "settings": settings.model_dump(),
         "layer_pairs": [list(p) for p in objective.pairs],
     }
+    if logits_teacher is not None:
+        card["logits_teacher"] = {"path": str(logits_teacher.path), "card": _card_of(logits_teacher.path)}
     d_s, d_t = module.config.hidden_size, teacher.hidden_size
     kernel = None
     if d_s <= d_t:  # the projections start as the inverse of the embeddings' PCA map (its transpose)
@@ -644,7 +688,21 @@ def embedding_dense_of(params: dict):
     return None if sentence is None else (sentence["kernel"], sentence["bias"])
 
 
-def _weights_writer(model_config, architecture: str, tokenizer, stage_card: dict, with_dense: bool = False):
+def _card_of(model_dir: Path) -> dict | None:
+    """The held-out figures of a dir's training card, where it has one (what a student's card says of
+    the teacher whose answers it learned)."""
+    path = Path(model_dir) / "training_card.json"
+    if not path.is_file():
+        return None
+    import json
+
+    card = json.loads(path.read_text())
+    return {k: card.get(k) for k in ("stage", "steps", "tokens_seen", "held_out")}
+
+
+def _weights_writer(
+    model_config, architecture: str, tokenizer, stage_card: dict, with_dense: bool = False, bert_base=None
+):
     """What every checkpoint leaves beside it (training/slices.py): the weights as an artifact dir in
     fp16 (the shipped format), its card the stage's plus the trainer's (step, data position, slices).
     Weights beyond fp16's range are stored in fp32 rather than failing the run, and the card says so.
@@ -655,10 +713,14 @@ def _weights_writer(model_config, architecture: str, tokenizer, stage_card: dict
         dense = embedding_dense_of(params) if with_dense else None
         params = student_params(params)  # the other projections stay in the run's checkpoints
         try:
-            return write_artifact(out_dir, model_config, params, architecture, card, tokenizer, "float16", dense)
+            return write_artifact(
+                out_dir, model_config, params, architecture, card, tokenizer, "float16", dense, bert_base
+            )
         except ValueError as error:  # a weight past fp16's range
             card["weights_storage"] = f"float32: {error}"
-            return write_artifact(out_dir, model_config, params, architecture, card, tokenizer, "float32", dense)
+            return write_artifact(
+                out_dir, model_config, params, architecture, card, tokenizer, "float32", dense, bert_base
+            )
 
     return write
 
@@ -672,7 +734,14 @@ def _stopped(config: TrainConfig, trainer: Trainer) -> Path:
 
 
 def _finish(
-    config: TrainConfig, trainer: Trainer, model_config, architecture: str, card: dict, tokenizer, with_dense=False
+    config: TrainConfig,
+    trainer: Trainer,
+    model_config,
+    architecture: str,
+    card: dict,
+    tokenizer,
+    with_dense=False,
+    bert_base=None,
 ) -> Path:
     out = Path(config.output_dir)
     plot_curves(trainer.metrics_path, out / "curves.png")
@@ -680,6 +749,7 @@ def _finish(
     artifact = write_artifact(
         out / "artifact", model_config, student_params(params), architecture, card, tokenizer,
         weights_storage=config.weights_storage, embedding_dense=embedding_dense_of(params) if with_dense else None,
+        bert_base=bert_base,
     )  # fmt: skip
     print(f"wrote {artifact}; held-out: {card['held_out']}")
     return artifact

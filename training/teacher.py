@@ -42,6 +42,7 @@ from pathlib import Path
 
 import numpy as np
 
+from model.bert import check_supported
 from model.tokenizer import BERT_UNCASED_VOCAB, read_vocab
 
 NORMALIZE_MODULE = "sentence_transformers.models.Normalize"
@@ -129,19 +130,25 @@ def pool_sentence(hidden, attention_mask, spec: PoolingSpec):
     return pooled
 
 
-def _bert_state(teacher_dir: Path) -> dict[str, np.ndarray]:
-    """The encoder's state dict with BertModel's names (no `bert.` prefix, no heads, no pooler)."""
+def _bert_state(teacher_dir: Path) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+    """(the encoder's state dict with BertModel's names (no `bert.` prefix, no heads, no pooler), the MLM
+    head's `cls.predictions.*` (empty when the dir has none; the decoder copies of the tied word
+    embeddings left out))."""
     from safetensors.numpy import load_file
 
+    from model.convert import DERIVED_TORCH_KEYS
+
     state = load_file(str(teacher_dir / "model.safetensors"))
-    out = {}
+    encoder, head = {}, {}
     for key, value in state.items():
+        if key.startswith("cls.predictions.") and key not in DERIVED_TORCH_KEYS:
+            head[key] = value
         key = key.removeprefix("bert.")
         if key.startswith(("embeddings.", "encoder.")) and not key.endswith("position_ids"):
-            out[key] = value
-    if "embeddings.word_embeddings.weight" not in out:
+            encoder[key] = value
+    if "embeddings.word_embeddings.weight" not in encoder:
         raise ValueError(f"{teacher_dir}/model.safetensors holds no BERT encoder (embeddings.word_embeddings)")
-    return out
+    return encoder, head
 
 
 @dataclass
@@ -158,6 +165,7 @@ class Teacher:
     config: dict
     pooling: PoolingSpec
     state: dict[str, np.ndarray]  # BertModel's names, numpy
+    mlm_head: dict[str, np.ndarray] = field(default_factory=dict)  # cls.predictions.*: a masked LM's head
     backend: str = "jax"
     _forward: object = field(default=None, repr=False)
     _flax_params: object = field(default=None, repr=False)
@@ -168,14 +176,12 @@ class Teacher:
         if not path.is_dir():
             raise ValueError(f"a teacher is a local model dir; {str(path)!r} is not one (nothing is downloaded)")
         config = json.loads((path / "config.json").read_text())
-        if config.get("model_type") != "bert":
-            raise ValueError(f"{path}: model_type {config.get('model_type')!r}; a teacher must be BERT-family ('bert')")
-        if config.get("position_embedding_type", "absolute") != "absolute" or config.get("hidden_act") != "gelu":
-            raise ValueError(f"{path}: only absolute positions and exact GELU are supported")
+        check_supported(config, path)
         check_vocab(path)
         if backend not in ("jax", "torch"):
             raise ValueError(f"backend must be 'jax' or 'torch', got {backend!r}")
-        return cls(path=path, config=config, pooling=PoolingSpec.from_dir(path), state=_bert_state(path),
+        encoder, head = _bert_state(path)
+        return cls(path=path, config=config, pooling=PoolingSpec.from_dir(path), state=encoder, mlm_head=head,
                    backend=backend)  # fmt: skip
 
     @property
@@ -215,17 +221,16 @@ class Teacher:
 
     # ---- JAX: the project's stack/attention row, post-norm (= BertModel) -------------------------
 
-    def bigs_config(self):
-        from model.configuration_bigs import BiGSConfig
+    @property
+    def has_mlm_head(self) -> bool:
+        """Whether the dir is a masked LM (BertForMaskedLM, e.g. `bigs train teacher-mlm`'s artifact):
+        its answers over the vocabulary can then be distilled (DistilledMLM's logit loss)."""
+        return bool(self.mlm_head)
 
-        c = self.config
-        return BiGSConfig(
-            vocab_size=c["vocab_size"], hidden_size=c["hidden_size"], num_hidden_layers=c["num_hidden_layers"],
-            intermediate_size=c["intermediate_size"], num_attention_heads=c["num_attention_heads"],
-            max_position_embeddings=c["max_position_embeddings"], type_vocab_size=c["type_vocab_size"],
-            layer_norm_eps=c["layer_norm_eps"], hidden_dropout_prob=0.0, block_type="stack", routing="attention",
-            pre_norm=False, pad_token_id=c.get("pad_token_id", 0),
-        )  # fmt: skip
+    def bigs_config(self):
+        from model.bert import bigs_config_from_bert
+
+        return bigs_config_from_bert(self.config)
 
     @property
     def flax_params(self):
@@ -252,6 +257,30 @@ class Teacher:
         )
         hidden = tuple(jax.lax.stop_gradient(h) for h in hidden)
         return TeacherOutput(hidden, pool_sentence(hidden[-1], attention_mask, self.pooling))
+
+    @property
+    def mlm_flax_params(self):
+        """The masked LM's params tree (`FlaxBiGSForMaskedLMModule`: backbone and `cls`); a dir without
+        an MLM head has none to give."""
+        if not self.has_mlm_head:
+            raise ValueError(f"{self.path} has no MLM head (cls.predictions.*): it answers no masked tokens")
+        from model.bert import bigs_state_from_bert
+        from model.convert import torch_to_flax
+
+        return {"s4_bert": self.flax_params, "cls": torch_to_flax(bigs_state_from_bert(self.mlm_head))["cls"]}
+
+    def apply_jax_mlm(self, params, input_ids, attention_mask, token_type_ids, logits_positions, matmul_dtype=None):
+        """The masked LM's logits (B, P, vocab) at `logits_positions` (B, P), frozen (no gradient):
+        params = `mlm_flax_params`. Traceable inside the training step's jit."""
+        import jax
+
+        from model.modeling_flax_bigs import FlaxBiGSForMaskedLMModule
+
+        module = FlaxBiGSForMaskedLMModule(self.bigs_config(), matmul_dtype=matmul_dtype)
+        logits = module.apply(
+            {"params": params}, input_ids, attention_mask, token_type_ids, logits_positions=logits_positions
+        )
+        return jax.lax.stop_gradient(logits)
 
     # ---- torch: transformers BertModel ----------------------------------------------------------
 
