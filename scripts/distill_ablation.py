@@ -1,9 +1,10 @@
-"""What the teacher buys, at equal CPU time (docs/MODELS.md): four rows of the distilled MLM's recipe
+"""What the teacher buys, at equal CPU time (docs/MODELS.md): rows of the distilled MLM's recipe
 (training/recipes/distill-mlm.toml), each trained for the same minutes on the same data, then scored
 the same way.
 
-    python scripts/distill_ablation.py [--out runs/ablation] [--minutes 20] [--rows scratch,init,distill,wide]
-        [--news-steps 120] [--data-dir runs/distill-mlm/data] [--set KEY=VALUE …] [--report FILE]
+    python scripts/distill_ablation.py [--out runs/ablation] [--minutes 20] [--rows scratch,init,distill,wide,logits]
+        [--news-steps 120] [--data-dir runs/distill-mlm/data] [--logits-teacher runs/teacher-mlm/artifact]
+        [--set KEY=VALUE …] [--report FILE]
 
 Rows:
   scratch   the recipe without [distill]: random embeddings, the MLM loss alone
@@ -13,6 +14,9 @@ Rows:
             embedding beside the MLM loss
   wide      the recipe as it is at the teacher's width (d = 384 instead of 256): the embeddings copied
             without a PCA; what the wider student buys for its extra megabytes and milliseconds
+  logits    the recipe as it is plus the adapted teacher's answers (`--logits-teacher`, the artifact of
+            `bigs train teacher-mlm`): T² · KL at the masked positions, weight 1, T = 2 — what the words
+            of a teacher MLM buy for its extra forward pass
 
 Per row, through the `bigs` command line as a user would run it:
   1. `bigs train mlm --config training/recipes/distill-mlm.toml … --max-minutes M`: the slice stops at
@@ -47,6 +51,7 @@ ROWS = {
     "init": ['distill={"teacher": "default", "hidden_weight": 0, "embedding_weight": 0}'],
     "distill": [],
     "wide": ["model.hidden_size=384"],
+    "logits": ["distill.logits_weight=1.0", "distill.temperature=2.0"],  # + distill.logits_teacher (--logits-teacher)
 }
 LATENCY_TOKENS = 4096
 
@@ -86,14 +91,21 @@ def serving_cost(weights: Path) -> dict:
             start = time.perf_counter()
             model.bigs(input_ids=ids, attention_mask=torch.ones_like(ids))
             times.append(time.perf_counter() - start)
-    return {"parameters": parameters, "fp16_mb": parameters * 2 / 1e6, "ms_per_document": 1000 * statistics.median(times[1:])}
+    return {
+        "parameters": parameters,
+        "fp16_mb": parameters * 2 / 1e6,
+        "ms_per_document": 1000 * statistics.median(times[1:]),
+    }
 
 
-def run_row(row: str, out: Path, minutes: float, news_steps: int, data_dir: str, overrides: list[str]) -> dict:
+def run_row(
+    row: str, out: Path, minutes: float, news_steps: int, data_dir: str, overrides: list[str], logits_teacher: str
+) -> dict:
     run_dir = out / row
     if not (run_dir / "weights").is_dir():
+        row_settings = [*ROWS[row], f"distill.logits_teacher={logits_teacher}"] if row == "logits" else ROWS[row]
         bigs("train", "mlm", "--config", str(RECIPES / "distill-mlm.toml"), f"output_dir={run_dir}",
-             f"data.data_dir={data_dir}", *ROWS[row], *overrides, "--max-minutes", str(minutes))  # fmt: skip
+             f"data.data_dir={data_dir}", *row_settings, *overrides, "--max-minutes", str(minutes))  # fmt: skip
     weights = latest_weights(run_dir)
     evaluation = run_dir / "eval.json"
     if not evaluation.is_file():
@@ -153,13 +165,17 @@ def main() -> None:
     parser.add_argument("--rows", default=",".join(ROWS))
     parser.add_argument("--news-steps", type=int, default=120)
     parser.add_argument("--data-dir", default="runs/distill-mlm/data", help="the prepared corpus every row reads")
+    parser.add_argument(
+        "--logits-teacher", default="runs/teacher-mlm/artifact", help="the logits row's teacher MLM (teacher-mlm.toml)"
+    )
     parser.add_argument("--set", action="append", default=[], help="KEY=VALUE for every stage (e.g. a smoke run)")
     parser.add_argument("--report", help="also write the table here")
     args = parser.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     results = [
-        run_row(row, out, args.minutes, args.news_steps, args.data_dir, args.set) for row in args.rows.split(",")
+        run_row(row, out, args.minutes, args.news_steps, args.data_dir, args.set, args.logits_teacher)
+        for row in args.rows.split(",")
     ]
     (out / "ablation.json").write_text(json.dumps(results, indent=1) + "\n")
     text = table(results, args.minutes, args.news_steps)

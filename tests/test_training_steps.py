@@ -236,9 +236,14 @@ def test_test_truncations_are_refused_where_they_cannot_apply():
 
 
 def test_every_recipe_parses_and_starts_from_a_recipe_that_runs_before_it_or_a_committed_default():
+    """… or, for the teacher MLM, the default teacher; a logit teacher is a recipe's artifact too."""
     recipes = {path.stem: load_config(path) for path in sorted((ROOT / "training" / "recipes").glob("*.toml"))}
     outputs = {str(Path(config.output_dir) / "artifact"): name for name, config in recipes.items()}
     for name, config in recipes.items():
+        if config.distill is not None and config.distill.logits_teacher:
+            assert config.distill.logits_teacher in outputs, f"{name}: logits_teacher is no recipe's artifact"
+        if config.stage == "teacher-mlm" and config.init_from == "default":
+            continue
         if config.init_from and config.init_from.startswith("models/"):  # a committed default's weights
             assert (ROOT / config.init_from / "model.safetensors").is_file(), f"{name}: no {config.init_from} here"
         elif config.init_from:
