@@ -36,19 +36,21 @@ PROJECT = ("bench", "model", "training", "export", "service")
 # The `bigs` CLI, run with every import made by the project's own modules recorded (top-level names):
 # what the GPU machine must have, or be carried to it.
 RECORDING_RUN = f"""
-import atexit, builtins, json, os, sys
+import builtins, json, os, sys
 root, record = sys.argv[1], sys.argv[2]
 project = tuple(os.path.join(root, p) + os.sep for p in {PROJECT!r}) + (os.path.join(root, "bigs_cli.py"),)
 seen = set()
 importing = builtins.__import__
 
 def recorded(name, globals=None, locals=None, fromlist=(), level=0):
-    if level == 0 and globals and str(globals.get("__file__") or "").startswith(project):
-        seen.add(name.partition(".")[0])
+    top = name.partition(".")[0]
+    if level == 0 and top not in seen and globals and str(globals.get("__file__") or "").startswith(project):
+        seen.add(top)
+        with open(record, "w") as f:  # at once: the watchdog ends the process without exit handlers
+            json.dump(sorted(seen), f)
     return importing(name, globals, locals, fromlist, level)
 
 builtins.__import__ = recorded
-atexit.register(lambda: open(record, "w").write(json.dumps(sorted(seen))))
 sys.argv = ["bigs", *sys.argv[3:]]
 import bigs_cli
 bigs_cli.main()
@@ -71,7 +73,8 @@ def run(tmp_path_factory):
 @pytest.mark.slow
 def test_the_report_is_typed_and_every_part_ran_or_says_why_not(run):
     done, out = run
-    assert done.returncode == 0, done.stderr[-3000:]  # a part that failed ends the command with status 1
+    # 1: a part failed; 3: the watchdog cut a part off past the budget (a loaded machine), and said so
+    assert done.returncode in (0, 3), done.stderr[-3000:]
     report = AcceleratorReport.model_validate_json((out / REPORT_JSON).read_text())
     assert report.size == "tiny" and report.budget_s == 60 and report.machine.jax_backend == "cpu"
     for part, figures in (("training", Training), ("resume", Resume), ("serving", Serving)):
@@ -87,7 +90,8 @@ def test_the_report_is_typed_and_every_part_ran_or_says_why_not(run):
     assert table.count("| part | what | figure |") == 1
     for part in ("training", "resume", "serving"):
         assert f"| {part} |" in table
-    assert f"wrote {out / REPORT_JSON}" in done.stdout
+    if done.returncode == 0:
+        assert f"wrote {out / REPORT_JSON}" in done.stdout
 
 
 @pytest.mark.slow
