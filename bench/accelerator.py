@@ -82,6 +82,9 @@ RECIPE = REPO / "training" / "recipes" / "distill-mlm.toml"
 REPORT_JSON, REPORT_MD = "accelerator.json", "accelerator.md"
 FORMAT = 1
 GRACE_S = 40.0  # past the budget, the watchdog writes the report and ends the process
+# What the command writes in its work dir (besides JAX's compilation cache, kept between commands).
+RUN_DIRS = ("losses-device", "losses-cpu", "train", "resume-whole", "resume-again", "resume-cut", "serving-artifact",
+            "export")  # fmt: skip
 HELD_OUT_STEP = 1_000_000  # the evaluation batch: a step no run reaches
 TIMED_HEAD = "embeddings"  # documents/s is about embedding long documents, the service's main use
 
@@ -786,7 +789,7 @@ def measure_serving(size: Size, work: Path, budget: Budget, task: MaskedLMTask, 
                 held = error <= manifest.parity.tolerance if runtime.precision == "fp32" else None
             # the time left is shared by the runtimes still to be timed
             share = (deadline - time.perf_counter()) / (len(plans) - index)
-            timings, not_timed = time_cells(runtime, size, time.perf_counter() + share)
+            timings, not_timed = time_cells(runtime, size, manifest.model.vocab_size, time.perf_counter() + share)
             runtimes.append(Runtime(name=name, device=on, parity=parity, parity_error=error, parity_held=held,
                                     timings=timings, not_timed=not_timed))  # fmt: skip
         except Exception as error:  # the other runtimes are still measured
@@ -815,7 +818,7 @@ def _jax_device() -> str:
     return f"{device.platform}: {device.device_kind}"
 
 
-def time_cells(runtime, size: Size, deadline: float) -> tuple[list[Timing], list[str]]:
+def time_cells(runtime, size: Size, vocab_size: int, deadline: float) -> tuple[list[Timing], list[str]]:
     """Latency of each (bucket, batch) cell of the timed head: one untimed call (it compiles, for JAX),
     then up to `size.calls` calls, fewer when the cell's `cell_seconds` or the `deadline` is reached."""
     from export.heads import placeholder_inputs
@@ -829,7 +832,7 @@ def time_cells(runtime, size: Size, deadline: float) -> tuple[list[Timing], list
             not_timed.append(f"{label}: budget")
             continue
         inputs = placeholder_inputs(TIMED_HEAD, batch, bucket)
-        inputs["input_ids"] = rng.integers(1000, 30522, (batch, bucket))  # real tokens: never time on zeros
+        inputs["input_ids"] = rng.integers(1000, vocab_size, (batch, bucket))  # real tokens: never time on zeros
         try:
             runtime.run(TIMED_HEAD, bucket, inputs)
         except Exception as error:  # e.g. out of memory at the largest cell: the others stand
@@ -956,10 +959,8 @@ def main(argv: list[str] | None = None) -> None:
     if args.budget_s <= 0:
         parser.error("--budget-s must be positive")
     work = args.work_dir or Path(tempfile.mkdtemp(prefix="bigs-accelerator-"))
-    if args.work_dir is not None:  # a trainer would resume from an earlier command's checkpoints
-        for leftover in work.glob("*"):
-            if leftover.name != "jax-cache":
-                shutil.rmtree(leftover) if leftover.is_dir() else leftover.unlink()
+    for run_dir in RUN_DIRS:  # a trainer would resume from an earlier command's checkpoints
+        shutil.rmtree(work / run_dir, ignore_errors=True)
     try:
         report = run(args.budget_s, args.out, args.size, work)
     finally:

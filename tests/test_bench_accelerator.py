@@ -9,6 +9,7 @@ No figure is asserted: they are a benchmark's (docs/BENCHMARKS.md)."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from importlib.metadata import packages_distributions
@@ -142,3 +143,35 @@ def test_a_budget_too_small_for_every_part_skips_each_with_its_reason(tmp_path):
         value = getattr(report, part)
         assert isinstance(value, Skipped) and value.skipped.startswith(f"budget: {part}: at least"), value
     assert (tmp_path / REPORT_MD).read_text().count("| skipped | budget: ") == 3
+
+
+@pytest.mark.slow
+def test_the_check_script_refuses_a_tree_over_the_limit_and_prints_the_call_from_a_slim_one(tmp_path):
+    """scripts/accelerator_check.sh in a clone of this repo (its wheels already in .whl/): the tracked
+    tree with models/ is over what can travel, so it stops; with --slim it prints the one call."""
+    clone = tmp_path / "clone"
+    subprocess.run(["git", "clone", "--quiet", "--shared", str(ROOT), str(clone)], check=True)
+    script = clone / "scripts" / "accelerator_check.sh"
+    script.write_text((ROOT / "scripts" / "accelerator_check.sh").read_text())  # this tree's version
+    (clone / ".whl").mkdir()
+    (clone / ".whl" / "pydantic-2-py3-none-any.whl").write_bytes(b"stand-in: only its size is read")
+    env = {"PATH": os.environ["PATH"], "PYTHON": sys.executable, "HOME": str(tmp_path)}
+
+    def check(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run(["bash", str(script), "--no-download", *args], cwd=clone, env=env,
+                              capture_output=True, text=True)  # fmt: skip
+
+    if sum(f.stat().st_size for f in (clone / "models").rglob("*") if f.is_file()) > 64 * 2**20:
+        refused = check()
+        assert refused.returncode == 1 and "OVER THE LIMIT" in refused.stderr, refused.stderr
+        assert "--slim" in refused.stderr and "command:" not in refused.stdout
+    slim = check("--slim")
+    assert slim.returncode == 0, slim.stderr
+    assert not (clone / "models").exists()
+    assert subprocess.run(["git", "status", "--porcelain"], cwd=clone, capture_output=True, text=True).stdout == ""
+    call = [line.strip().partition(":") for line in slim.stdout.splitlines() if line.startswith("  ")]
+    lines = {key: value.strip() for key, _, value in call}
+    assert lines["carry"] == '[".whl"]' and int(lines["timeout_s"]) <= 480
+    command = lines["command"]
+    assert len(command) <= 2000 and "bench accelerator --budget-s 420 --out $OUT" in command
+    assert command.startswith("python3 -m pip install") and "--target /tmp/site .whl/*.whl" in command
