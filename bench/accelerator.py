@@ -370,7 +370,7 @@ def _training_rows(t: Training) -> list[tuple[str, str, str]]:
             (
                 "training",
                 "run",
-                f"{v.steps} steps in {v.run_s:.0f} s; steady: {v.steady_steps} steps in {v.steady_s:.1f} s",
+                f"steps: {v.steps} in {v.run_s:.0f} s; steady: {v.steady_steps} in {v.steady_s:.1f} s",
             ),
             ("training", "tokens/s (steady)", _number(v.tokens_per_s)),
             ("training", "MFU", "–" if v.mfu is None else f"{100 * v.mfu:.1f}% ({v.peak_source})"),
@@ -958,6 +958,8 @@ def main(argv: list[str] | None = None) -> None:
         return
     if args.budget_s <= 0:
         parser.error("--budget-s must be positive")
+    if not RECIPE.is_file():  # recipes are not in the wheel
+        parser.error(f"{RECIPE} not found: run it from a checkout of the repository")
     work = args.work_dir or Path(tempfile.mkdtemp(prefix="bigs-accelerator-"))
     for run_dir in RUN_DIRS:  # a trainer would resume from an earlier command's checkpoints
         shutil.rmtree(work / run_dir, ignore_errors=True)
