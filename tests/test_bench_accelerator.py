@@ -38,14 +38,14 @@ PROJECT = ("bench", "model", "training", "export", "service")
 # what the GPU machine must have, or be carried to it.
 RECORDING_RUN = f"""
 import builtins, json, os, sys
-root, record = sys.argv[1], sys.argv[2]
+root, record = os.path.realpath(sys.argv[1]), sys.argv[2]
 project = tuple(os.path.join(root, p) + os.sep for p in {PROJECT!r}) + (os.path.join(root, "bigs_cli.py"),)
 seen = set()
 importing = builtins.__import__
 
 def recorded(name, globals=None, locals=None, fromlist=(), level=0):
     top = name.partition(".")[0]
-    if level == 0 and top not in seen and globals and str(globals.get("__file__") or "").startswith(project):
+    if level == 0 and top not in seen and globals and os.path.realpath(globals.get("__file__") or "").startswith(project):
         seen.add(top)
         with open(record, "w") as f:  # at once: the watchdog ends the process without exit handlers
             json.dump(sorted(seen), f)
