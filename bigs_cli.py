@@ -15,6 +15,7 @@ bigs bench precision EXPORT_DIR [--buckets 128,512,4096 --quantize]     fp32, in
 bigs bench compare [--quick] [--out docs/BENCHMARKS.md]             BiGS vs same-size BERT, dense-FLOP floors, batching
 bigs bench default-size [--sizes 384x6,…] [--out docs/BENCHMARKS.md] default models' size: 4,096-token latency vs shipping budget
 bigs bench train [--shapes mlm:32x128,classify:32x512] [--baseline REV] [--out docs/BENCHMARKS.md]  one training step: split, floor, torch reference
+bigs bench accelerator [--budget-s 420] [--out DIR]                training, exact resume and serving on the GPU (or a tiny CPU run)
 bigs export ARTIFACT_DIR OUT_DIR [--buckets 128,256] [--formats onnx,stablehlo] [--precisions int8,bf16|none]
 bigs export --verify OUT_DIR                                       re-hash files, re-measure parity and gates
 bigs hub-files DIR [DIR …]          (re)write what stock transformers / sentence-transformers / the Hub read
@@ -49,6 +50,7 @@ BENCHMARKS = {
     "compare": "bench.compare",
     "default-size": "bench.default_size",
     "train": "bench.train_step",
+    "accelerator": "bench.accelerator",
     "warm-up": "bench.warm_up",
     "long-documents": "bench.long_documents",
 }

@@ -8,6 +8,8 @@
     compare.py             `bigs bench compare`: BiGS vs same-size BERT, dense-FLOP floors, batching
     default_size.py        `bigs bench default-size`: which size the default models can be (4,096-token latency, MB shipped)
     graph_profile.py       ORT profile of a graph by op category; its dense-MatMul floor
+    train_step.py          `bigs bench train`: one training step on this CPU, split, beside its floor
+    accelerator.py         `bigs bench accelerator`: training, exact resume and serving on a GPU, in a time budget
 
 What they measured is in bench/RESULTS.md (not installed).
 """

@@ -107,15 +107,17 @@ def mlm_masking():
     return MaskingConfig.from_tokenizer(bert_uncased_tokenizer(), mlm_probability=MASK_PROB)
 
 
-def host_batch(shape: Shape, seed: int = 0) -> dict[str, np.ndarray]:
-    """One batch as the stage builds it: MLM masking by the stage's own code; classification rows as read."""
-    rng = np.random.default_rng(seed)
+def host_batch(shape: Shape, seed: int = 0, step: int = 0) -> dict[str, np.ndarray]:
+    """The batch of `step` as the stage builds it, random tokens: MLM masking by the stage's own code;
+    classification rows as read. A pure function of (seed, step), as a stage's batches are, so a
+    trainer fed with it resumes exactly (`bigs bench accelerator`)."""
+    rng = np.random.default_rng((seed, step))
     ids = rng.integers(1000, VOCAB, (shape.batch, shape.length)).astype(np.int32)
     ids[:, 0], ids[:, -1] = 101, 102  # [CLS] … [SEP], every position a real token
     if shape.task == "mlm":
         from training.stages import masked_batch
 
-        return masked_batch(ids, mlm_masking(), seed=seed, step=0)
+        return masked_batch(ids, mlm_masking(), seed=seed, step=step)
     return {
         "input_ids": ids,
         "attention_mask": np.ones_like(ids),
