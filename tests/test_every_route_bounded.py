@@ -36,6 +36,9 @@ from service.settings import ServiceSettings  # noqa: E402
 pytestmark = pytest.mark.slow
 
 ANSWER_S = 10.0  # generous: the machine is shared; the slowest answer here takes about 1 s
+# torch eager, the reference, is several times slower than the exports: 64 inputs of 1,024 tokens took
+# 13-16 s on 2 cores shared with a training run
+ANSWER_S_ON = {"onnx": ANSWER_S, "torch": 3 * ANSWER_S}
 HEALTH_S = 0.5
 RSS_GROWTH_MB = 150  # per request
 RSS_TOTAL_GROWTH_MB = 300  # over the whole walk
@@ -51,6 +54,7 @@ def server(request, exports, logs, tmp_path_factory):
     s = Server({"cls": exports["cls"], "fill": exports["mlm"], **heads}, logs, f"every-route-{runtime}",
                BIGS_RUNTIME=runtime)  # fmt: skip
     s.wait_ready()
+    s.runtime = runtime
     yield s
     s.stop()
 
@@ -86,7 +90,7 @@ def test_every_route_answers_its_largest_requests_without_holding_the_loop_or_ke
         rows.append(m)
         problems = [
             f"status {m.status}" if m.status >= 500 else "",
-            f"answered after {m.seconds:.1f} s" if m.seconds > ANSWER_S else "",
+            f"answered after {m.seconds:.1f} s" if m.seconds > ANSWER_S_ON[server.runtime] else "",
             f"/health held {m.health_s:.2f} s" if m.health_s > HEALTH_S else "",
             f"RSS {m.rss_before:.0f} → {m.rss_after:.0f} MB" if m.rss_after - m.rss_before > RSS_GROWTH_MB else "",
         ]
