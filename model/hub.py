@@ -489,7 +489,8 @@ def served_lines(report: dict | None, served: dict | None) -> list[str]:
         if row.get("note") == "baseline" or "teacher" in row.get("note", "") or key not in fp32:
             continue
         change = 100 * (row["value"] - fp32[key])
-        lines.append(f"| {row['set']} | {row['metric']} | {fp32[key]:.4f} | {row['value']:.4f} | "
+        metric = f"{row['metric']} ({row['note']})" if row.get("note") else row["metric"]
+        lines.append(f"| {row['set']} | {metric} | {fp32[key]:.4f} | {row['value']:.4f} | "
                      f"{change:+.2f} points | {row['count']} |")  # fmt: skip
     return [*lines, ""]
 
