@@ -269,6 +269,8 @@ def plan_int8(out_dir: Path, manifest: Manifest, bucket: int, graph: Path, job: 
     tokenizer = Tokenizer.from_file(str(out_dir / "tokenizer.json"))
     tokenizer.no_truncation()
     tokenizer.no_padding()
+    # a line before the ranking and the first try: the first a service shows of a background export
+    job.emit(f"{job.name}: int8 search at bucket {bucket}: ranking the weight products by their int8 error")
     lines = job.stage(MAX_TRIES)  # at most: the search stops early where it can
     done = lambda t: lines.step(
         f"int8 search bucket {bucket}: {t.fp32_products} products fp32, gate {'passed' if t.gate.passed else 'FAILED'}"
