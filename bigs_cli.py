@@ -575,7 +575,12 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate.add_argument(
         "--data-dir", help="a built corpus (fill-mask) or where to build the labelled set (classifier)"
     )
-    evaluate.add_argument("--precision", default="fp32", choices=["fp32", "int8", "bf16"], help="export dirs only")
+    evaluate.add_argument(
+        "--precision",
+        default="fp32",
+        choices=["fp32", "int8", "bf16", "auto"],
+        help="export dirs only; auto: per bucket what `bigs serve` serves on this CPU (the served variant's figures)",
+    )
     evaluate.add_argument("--json", help="also write the report here")
     evaluate.add_argument(
         "--work-dir", default="runs/eval", help="where held-out sets are built (retrieval's articles)"

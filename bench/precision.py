@@ -1,25 +1,35 @@
-"""Reduced precision side by side: every way this project can run an export dir's ONNX graphs, per bucket.
+"""Reduced precision side by side: every way this project can run an export dir's ONNX graphs, per bucket,
+timed and (with --gate) held to the accuracy gate.
 
-    python -m bench.precision EXPORT_DIR [--buckets 128,512,4096] [--repeats 5] [--batch 1]
+    python -m bench.precision EXPORT_DIR [--buckets 128,512,4096] [--repeats 5] [--batch 1] [--quantize] [--gate]
     bigs bench precision EXPORT_DIR …
 
 Candidates (those the dir and this install have):
 
     ort-fp32          ONNX Runtime, the fp32 graphs (what `precision=fp32` serves)
-    ort-int8          ONNX Runtime, the dynamically quantized int8 graphs (`bigs export --quantize int8`)
-    with --quantize, int8 graphs quantized here from the fp32 graphs into a temporary dir (ORT
-    optimisations on at load), SSM convolutions kept fp32 as in export/onnx.py:
-    ort-int8-dyn-tensor   dynamic, per-tensor weights
-    ort-int8-dyn-channel  dynamic, per-channel weights
-    ort-int8-static       static QDQ, per-channel weights, activation ranges from one random input per bucket
+    ort-int8          ONNX Runtime, the dir's int8 graphs (what `precision=int8` serves; since the int8
+                      search, 7-bit weights with the products the search chose left in fp32)
+    with --quantize, each int8 method tried for the int8 variant, quantized here from the dir's fp32 graphs
+    into a temporary dir (`METHODS`; SSM convolutions kept fp32 as in export/onnx.py, ORT's optimisations
+    on at load):
+    ort-int8-dyn-channel     dynamic, every weight product, weights 8-bit per channel (export before the search)
+    ort-int8-dyn-channel-rr  the same, 7-bit weights (reduce_range: exact products on CPUs without VNNI)
+    ort-int8-dyn-tensor      dynamic, every weight product, weights 8-bit per tensor
+    ort-int8-dyn-tensor-rr   the same, 7-bit weights
+    ort-int8-static          static QDQ, weights per channel, activation ranges calibrated (MinMax) on the
+                             gate's real text at the bucket (`gate_batches`): the most favourable calibration
+    ort-int8-blockwise       MatMulNBits 8-bit, weights in blocks of 32, activations quantized per row and
+                             block (accuracy_level 4)
     ov-fp32           OpenVINO, the fp32 graphs at INFERENCE_PRECISION_HINT=f32
     ov-bf16           OpenVINO, the same graphs at bf16 (AMX, or AVX512_BF16; what `precision=bf16` serves)
 
-Each cell is the median of --repeats runs after one warm-up, on full-length inputs with one mask
-position, the candidates alternating within each repeat so they all see the same background load;
-the table gives ms and the speed-up over ort-fp32, with the CPU (model name and the flags that
-decide precision, service/cpu_features.py) above it. `measure(...)` returns the same as data, for
-`bigs bench compare` and the like.
+Timing: each cell is the median of --repeats runs after one warm-up, on full-length inputs with one mask
+position, the candidates alternating within each repeat so they all see the same background load; ms and
+the speed-up over ort-fp32, with the CPU (model name and the flags that decide precision) above it.
+--gate: every candidate measured by the accuracy gate (export/gate.py `measure_gate`, the measures and
+thresholds every variant is held to) against the dir's fp32 graphs at each bucket: the agreement of the
+model's own head (fill-mask top-1, or its labels), the smallest embedding cosine, and the verdict.
+`measure(...)` returns the same as data, for `bigs bench compare` and the like.
 """
 
 from __future__ import annotations
@@ -29,7 +39,7 @@ import platform
 import sys
 import tempfile
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -39,6 +49,23 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 Runner = Callable[[], object]
+# (fp32 graph, int8 graph to write, calibration feeds of its bucket) → None
+Make = Callable[[Path, Path, list[dict[str, np.ndarray]]], None]
+
+
+def _methods() -> dict[str, Make]:
+    """Every int8 method tried for the int8 variant, by its column's name (export/onnx.py does the work)."""
+    from export.onnx import Int8Recipe, quantize_int8, quantize_int8_blockwise, quantize_int8_static
+
+    eight_bit = Int8Recipe(reduce_range=False)
+    return {
+        "ort-int8-dyn-channel": lambda src, dst, _: quantize_int8(src, dst, eight_bit),
+        "ort-int8-dyn-channel-rr": lambda src, dst, _: quantize_int8(src, dst, Int8Recipe()),
+        "ort-int8-dyn-tensor": lambda src, dst, _: quantize_int8(src, dst, eight_bit, per_channel=False),
+        "ort-int8-dyn-tensor-rr": lambda src, dst, _: quantize_int8(src, dst, Int8Recipe(), per_channel=False),
+        "ort-int8-static": quantize_int8_static,
+        "ort-int8-blockwise": lambda src, dst, _: quantize_int8_blockwise(src, dst),
+    }
 
 
 @dataclass
@@ -49,6 +76,7 @@ class PrecisionTable:
     batch: int
     repeats: int
     median_ms: dict[str, dict[int, float]]  # candidate → bucket → ms
+    gate: dict[str, dict[int, object]] = field(default_factory=dict)  # candidate → bucket → GateMeasured
 
     def markdown(self) -> str:
         names = list(self.median_ms)
@@ -65,7 +93,25 @@ class PrecisionTable:
                 else:
                     cells.append(f"{ms:,.1f}" + (f" ({base / ms:.2f}x)" if base else ""))
             lines.append(f"| {bucket:,} | " + " | ".join(cells) + " |")
+        if self.gate:
+            gated = [n for n in names if n in self.gate]
+            lines += ["", "Accuracy gate against ort-fp32 (the head's agreement / smallest embedding cosine; "
+                      "✓ passed, ✗ failed):", "", "| tokens | " + " | ".join(gated) + " |",
+                      "|---:|" + "---:|" * len(gated)]  # fmt: skip
+            for bucket in self.buckets:
+                cells = [gate_cell(self.gate[n].get(bucket)) for n in gated]
+                lines.append(f"| {bucket:,} | " + " | ".join(cells) + " |")
         return "\n".join(lines)
+
+
+def gate_cell(measured) -> str:
+    if measured is None:
+        return "–"
+    agreement = measured.fill_mask_top1_agreement
+    if agreement is None:
+        agreement = measured.classification_agreement
+    head = "" if agreement is None else f"{agreement:.3f} / "
+    return f"{head}{measured.embedding_cosine_min:.4f} {'✓' if measured.passed else '✗'}"
 
 
 def feeds_for(input_names: list[str], bucket: int, batch: int, vocab: int) -> dict[str, np.ndarray]:
@@ -79,12 +125,19 @@ def feeds_for(input_names: list[str], bucket: int, batch: int, vocab: int) -> di
     return {name: feeds[name] for name in input_names}
 
 
-def candidates(
-    export_dir: Path, buckets: list[int], batch: int, work: Path, quantize: bool
-) -> dict[str, dict[int, Runner]]:
-    """{candidate: {bucket: run once}} for what the dir and this install have."""
+@dataclass
+class Candidates:
+    """Per candidate and bucket: one timed run (`timed`) and the gate's RunBatch (`run`)."""
+
+    timed: dict[str, dict[int, Runner]] = field(default_factory=dict)
+    run: dict[str, Callable] = field(default_factory=dict)  # candidate → RunBatch over its buckets
+
+
+def candidates(export_dir: Path, buckets: list[int], batch: int, work: Path, quantize: bool) -> Candidates:
+    """What the dir and this install have, each runnable on timing feeds and on the gate's batches."""
     import onnxruntime as ort
 
+    from export.gate import gate_batches, gate_inputs, ort_runner
     from export.manifest import read_manifest
     from export.onnx_runtime import load_sessions
     from export.openvino_runtime import load_compiled, openvino_available
@@ -93,62 +146,78 @@ def candidates(
     vocab = manifest.model.vocab_size
     names = manifest.onnx.buckets[buckets[0]].input_names
     feeds = {b: feeds_for(names, b, batch, vocab) for b in buckets}
-    found: dict[str, dict[int, Runner]] = {}
+    found = Candidates()
 
-    def ort_runners(sessions):
-        return {b: (lambda s=s, f=feeds[b]: s.run(None, f)) for b, s in sessions.items()}
+    def add_ort(name: str, sessions) -> None:
+        found.timed[name] = {b: (lambda s=s, f=feeds[b]: s.run(None, f)) for b, s in sessions.items()}
+        found.run[name] = ort_runner(sessions)
 
-    found["ort-fp32"] = ort_runners(load_sessions(export_dir, buckets=buckets, manifest=manifest))
+    add_ort("ort-fp32", load_sessions(export_dir, buckets=buckets, manifest=manifest))
     if any(manifest.onnx.buckets[b].int8 is not None for b in buckets):
-        found["ort-int8"] = ort_runners(load_sessions(export_dir, buckets=buckets, variant="int8", manifest=manifest))
+        add_ort("ort-int8", load_sessions(export_dir, buckets=buckets, variant="int8", manifest=manifest))
     if quantize:  # quantized here from the fp32 graphs, loaded with ORT's optimisations on
-        from export.onnx import quantize_int8, quantize_int8_static
-
-        calibration = [feeds_for(names, b, 1, vocab) for b in buckets]
-        makers = {
-            "ort-int8-dyn-tensor": lambda src, dst: quantize_int8(src, dst, per_channel=False),
-            "ort-int8-dyn-channel": lambda src, dst: quantize_int8(src, dst, per_channel=True),
-            "ort-int8-static": None,
-        }
-        for name, make in makers.items():
+        tokenizer = gate_inputs(export_dir, manifest).tokenizer
+        fill_mask = "fill-mask" in manifest.heads
+        for name, make in _methods().items():
             sessions = {}
             for b in buckets:
                 src, dst = export_dir / manifest.onnx.buckets[b].file, work / f"{b}.{name}.onnx"
-                if make is None:
-                    quantize_int8_static(src, dst, [c for c in calibration if c["input_ids"].shape[1] == b])
-                else:
-                    make(src, dst)
+                calibration = [
+                    {k: v for k, v in f.items() if k in names} for f in gate_batches(tokenizer, b, fill_mask)
+                ]
+                make(src, dst, calibration)
                 options = ort.SessionOptions()
                 options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED
                 sessions[b] = ort.InferenceSession(str(dst), options, providers=["CPUExecutionProvider"])
-            found[name] = ort_runners(sessions)
+            add_ort(name, sessions)
     if openvino_available():
         for precision in ("fp32", "bf16"):
             compiled = load_compiled(export_dir, precision, buckets=buckets, manifest=manifest)
-            found[f"ov-{precision}"] = {b: (lambda c=c, f=feeds[b]: c.run(f)) for b, c in compiled.items()}
+            name = f"ov-{precision}"
+            found.timed[name] = {b: (lambda c=c, f=feeds[b]: c.run(f)) for b, c in compiled.items()}
+            found.run[name] = lambda bucket, f, compiled=compiled: compiled[bucket].run(f)
     return found
 
 
 def measure(
-    export_dir: str | Path, buckets: list[int], repeats: int = 5, batch: int = 1, quantize: bool = False
+    export_dir: str | Path,
+    buckets: list[int],
+    repeats: int = 5,
+    batch: int = 1,
+    quantize: bool = False,
+    gate: bool = False,
 ) -> PrecisionTable:
-    """Median ms per candidate and bucket, candidates interleaved within every repeat."""
+    """Median ms per candidate and bucket, candidates interleaved within every repeat; with `gate`, each
+    candidate's accuracy gate against ort-fp32 at each bucket."""
+    from export.gate import gate_inputs, measure_gate
     from export.latency import median_ms
+    from export.manifest import GateThresholds, read_manifest
     from service.cpu_features import PRECISION_FLAGS, cpu_flags, cpu_model_name
 
     export_dir = Path(export_dir)
     with tempfile.TemporaryDirectory(prefix="bigs-precision-") as work:
-        runners = candidates(export_dir, buckets, batch, Path(work), quantize)
-        medians: dict[str, dict[int, float]] = {name: {} for name in runners}
+        found = candidates(export_dir, buckets, batch, Path(work), quantize)
+        medians: dict[str, dict[int, float]] = {name: {} for name in found.timed}
         for bucket in buckets:
-            present = {name: per[bucket] for name, per in runners.items() if bucket in per}
+            present = {name: per[bucket] for name, per in found.timed.items() if bucket in per}
             # the way export times the variants it records (export/latency.py): warm-up, interleaved repeats
             for name, ms in median_ms(present, repeats).items():
                 medians[name][bucket] = ms
             print(f"  {bucket}: " + ", ".join(f"{n} {m[bucket]:.1f} ms" for n, m in medians.items() if bucket in m),
                   file=sys.stderr, flush=True)  # fmt: skip
+        gates: dict[str, dict[int, object]] = {}
+        if gate:
+            inputs = gate_inputs(export_dir, read_manifest(export_dir))
+            thresholds = GateThresholds()
+            for name, run in found.run.items():
+                gates[name] = {
+                    b: measure_gate(inputs.tokenizer, b, inputs.head, inputs.reference, run, thresholds)
+                    for b in buckets
+                }
+                print(f"  gate {name}: " + ", ".join(f"{b} {gate_cell(m)}" for b, m in gates[name].items()),
+                      file=sys.stderr, flush=True)  # fmt: skip
     flags = sorted(cpu_flags() & set(PRECISION_FLAGS))
-    return PrecisionTable(cpu_model_name() or platform.processor(), flags, buckets, batch, repeats, medians)
+    return PrecisionTable(cpu_model_name() or platform.processor(), flags, buckets, batch, repeats, medians, gates)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -160,11 +229,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--quantize",
         action="store_true",
-        help="also int8 variants quantized here: dynamic per-tensor and per-channel, static QDQ",
+        help="also each int8 method tried, quantized here: dynamic per channel and per tensor, 8- and 7-bit "
+        "weights; static QDQ calibrated on real text; blockwise (MatMulNBits)",
     )
+    parser.add_argument("--gate", action="store_true", help="also each candidate's accuracy gate at each bucket")
     args = parser.parse_args(argv)
     buckets = [int(b) for b in args.buckets.split(",")]
-    print(measure(args.export_dir, buckets, args.repeats, args.batch, args.quantize).markdown())
+    print(measure(args.export_dir, buckets, args.repeats, args.batch, args.quantize, args.gate).markdown())
 
 
 if __name__ == "__main__":

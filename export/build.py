@@ -24,16 +24,20 @@ import shutil
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from model.hub import DENSE_DIR, read_dense, write_hub_files
 
 from . import parity
 from .heads import LABELLED_ARCHITECTURES, heads_for
 from .integrity import file_table, source_table
-from .manifest import Int8Accuracy, Manifest, ModelInfo, Parity, TokenizerInfo, versions
+from .manifest import Int8Accuracy, Int8Search, Manifest, ModelInfo, Parity, TokenizerInfo, versions
 from .modules import SentenceEmbedding
 from .progress import Job, silent
 from .verify import DEFAULT_TOLERANCE
+
+if TYPE_CHECKING:
+    from .onnx import Int8Recipe
 
 DEFAULT_BUCKETS = (128, 256, 512, 1024, 2048, 4096)
 PRECISIONS = ("int8", "bf16")
@@ -201,8 +205,15 @@ def export_artifact(
         onnx_lines = job.stage(len(buckets))
         graphs = " + int8" if quantize else ""  # int8 is quantized from each bucket's graph
         onnx_done = lambda b: onnx_lines.step(f"onnx bucket {b}{graphs}")
+        searched: list[Int8Search] = []  # the int8 search's record, once it has run (at the first bucket)
         manifest.onnx = export_onnx(
-            model, buckets, out_dir / "onnx", quantize=quantize, embedding=embedding, done=onnx_done
+            model,
+            buckets,
+            out_dir / "onnx",
+            quantize=quantize,
+            embedding=embedding,
+            done=onnx_done,
+            plan_int8=lambda b, graph: plan_int8(out_dir, manifest, b, graph, job, searched),
         )
     if "stablehlo" in options.formats:
         from model.convert import load_torch_safetensors
@@ -234,9 +245,40 @@ def export_artifact(
         from .gate import measure_variants
 
         measure_variants(out_dir, manifest, precisions, job=job)
+        if "int8" in manifest.precisions and searched:
+            manifest.precisions["int8"].search = searched[0]
     record_hashes(manifest, out_dir)
     manifest.write(out_dir)
     return manifest
+
+
+def plan_int8(out_dir: Path, manifest: Manifest, bucket: int, graph: Path, job: Job, searched: list) -> Int8Recipe:
+    """The int8 recipe of this export (`export_onnx`'s `plan_int8`): the accuracy-aware search on the first
+    bucket's finished fp32 graph (export/int8_search.py), its record appended to `searched`. Without the
+    tokenizer the gate needs (`variants_to_write` asks for int8 only with one), the default recipe."""
+    from .onnx import Int8Recipe
+
+    if not (out_dir / "tokenizer.json").is_file():
+        return Int8Recipe()
+    from tokenizers import Tokenizer
+
+    from .gate import GateThresholds
+    from .heads import primary_head
+    from .int8_search import MAX_TRIES, search_int8
+
+    tokenizer = Tokenizer.from_file(str(out_dir / "tokenizer.json"))
+    tokenizer.no_truncation()
+    tokenizer.no_padding()
+    # a line before the ranking and the first try: the first a service shows of a background export
+    job.emit(f"{job.name}: int8 search at bucket {bucket}: ranking the weight products by their int8 error")
+    lines = job.stage(MAX_TRIES)  # at most: the search stops early where it can
+    done = lambda t: lines.step(
+        f"int8 search bucket {bucket}: {t.fp32_products} products fp32, gate {'passed' if t.gate.passed else 'FAILED'}"
+    )
+    recipe, record = search_int8(graph, bucket, tokenizer, primary_head(manifest.model.architecture),
+                                 GateThresholds(), done=done)  # fmt: skip
+    searched.append(record)
+    return recipe
 
 
 def describe_artifact(
@@ -370,6 +412,14 @@ def summary(manifest: Manifest, out_dir: str | Path) -> str:
                 f"worst top-1 agreement {agreement:.3f}, embedding cosine {cosine:.4f}, max logit diff {logit_diff:.3g}"
             )
         lines.append(f"  {precision} ({variant.runtime}) gate on real text: {worst}: {verdict}")
+        if variant.search is not None:
+            search = variant.search
+            lines.append(
+                f"    {len(search.fp32)} of {search.products} weight products left fp32 "
+                f"({search.chosen.fp32_macs_share:.0%} of their multiply-adds) by the int8 search at bucket "
+                f"{search.bucket} ({len(search.tries)} {'try' if len(search.tries) == 1 else 'tries'}); "
+                f"weights {search.weight_bits}-bit"
+            )
     if manifest.latency is not None:
         figures = manifest.latency.ms
         for bucket in manifest.buckets:

@@ -15,7 +15,9 @@ the object down. What it records:
     onnx            per bucket: file, SSM formulation, inputs/outputs, measured differences, sha256
                     (and its int8 twin); the shared weights file and each tensor's place in it
     precisions      per reduced precision (int8, bf16): runtime, graphs, and its accuracy gate on real
-                    text per bucket, against fp32 (export/gate.py); `gate`: the text and thresholds
+                    text per bucket, against fp32 (export/gate.py); `gate`: the text and thresholds;
+                    int8's `search`: its recipe and the weight products it leaves in fp32, with why
+                    and what each costs (export/int8_search.py)
     latency         per way of serving (fp32, int8, bf16) and bucket: the batch-1 latency export measured,
                     and the CPU it measured on (export/latency.py); what `auto` ranks variants by there
     stablehlo       per head and bucket: file, platforms, shapes, measured differences, sha256;
@@ -170,6 +172,44 @@ class AccuracyGate(_Section):
     thresholds: GateThresholds = Field(default_factory=GateThresholds)
 
 
+class Int8Try(_Section):
+    """One try of the int8 search (export/int8_search.py): the top `fp32_products` of its ranking left in
+    fp32, and the gate at the search bucket."""
+
+    fp32_products: int
+    fp32_macs_share: float  # of the weight products' multiply-adds, the share those products hold
+    gate: GateMeasured
+
+
+class Fp32Product(_Section):
+    """A weight product the int8 search left in fp32: which, why, and what it costs."""
+
+    weight: str  # its weight tensor in onnx/weights.bin: the same in every bucket's graph
+    where: str  # block, shape, what its input is
+    error: float  # its simulated int8 error on the gate's text (what it was ranked by)
+    rank: int  # 1: the largest error
+    macs_share: float  # its share of the weight products' multiply-adds, computed in fp32 instead of int8
+    why: str
+
+
+class Int8Search(_Section):
+    """How the int8 graphs were made: the recipe, the ranking, every try, and the products left in fp32."""
+
+    bucket: int  # the bucket searched at (the shortest)
+    weight_bits: Literal[7, 8]  # 7: reduce_range, integer products exact on every x86 int8 kernel
+    per_channel: bool
+    ranked_by: str
+    products: int  # the weight products int8 may quantize (the SSM convolutions and the Gemms are not among them)
+    tries: list[Int8Try]
+    fp32: list[Fp32Product] = Field(default_factory=list)
+    passed: bool  # the chosen try passed the gate at `bucket`
+
+    @property
+    def chosen(self) -> Int8Try:
+        """The try whose recipe the graphs were quantized with: `fp32` left in fp32."""
+        return next(t for t in self.tries if t.fp32_products == len(self.fp32))
+
+
 class PrecisionVariant(_Section):
     """One reduced-precision way of serving the ONNX graphs, and its gate per bucket."""
 
@@ -179,6 +219,14 @@ class PrecisionVariant(_Section):
     measured_on: str  # the CPU the gate ran on: bf16 is only bf16 where the CPU has it
     gate: dict[int, GateMeasured] = Field(default_factory=dict)
     passed: bool | None = None  # every bucket within the thresholds; None until measured
+    # int8: how its graphs were made (export/int8_search.py). None in a dir written before the search:
+    # every weight product int8, 8-bit weights
+    search: Int8Search | None = None
+
+    @property
+    def weight_bits(self) -> int:
+        """int8's weight width: 8 unless the search recorded 7 (reduce_range)."""
+        return self.search.weight_bits if self.search is not None else 8
 
     def failures(self) -> list[str]:
         return [f"bucket {b}: {f}" for b, m in sorted(self.gate.items()) for f in m.failures]

@@ -151,21 +151,57 @@ def constant_left_matmuls(path: Path) -> list[str]:
 
 
 # Quantized: the weight products only. Embedding lookups (Gather), LayerNorm, softmax, the SSM
-# convolutions (constant-left MatMuls) and every elementwise op stay fp32.
+# convolutions (constant-left MatMuls) and every elementwise op stay fp32; so do the Gemms (the heads,
+# the MLM decoder, the pooler, a 2_Dense), which ORT's dynamic quantization does not take.
 QUANTIZED_OP_TYPES = ["MatMul", "Gemm"]
 
 
-def quantize_int8(src: Path, dst: Path, per_channel: bool = True) -> None:
-    """Dynamic int8: weights int8 (per output channel), activations quantised per call (MatMulInteger)."""
+@dataclass(frozen=True)
+class Int8Recipe:
+    """How `bigs export` quantizes each bucket's graph (export/int8_search.py decides `fp32_weights`).
+
+    Dynamic int8 (ORT `quantize_dynamic`: MatMulInteger; activations quantized per call, uint8, one
+    range per tensor): the fastest int8 on ORT CPU (docs/DESIGN.md §4.5). Weights int8 per output
+    channel; `reduce_range`: 7-bit weights, so that a product of a uint8 activation and a weight pair
+    summed in int16 cannot saturate on a CPU without VNNI (AVX2's vpmaddubsw): then the integer products
+    are exact on every x86 kernel (AVX2, AVX-512, VNNI, AMX) and the accuracy gate measured on one CPU
+    holds on the others. `fp32_weights`: the weight products left in fp32, by their weight tensor's name
+    in onnx/weights.bin (the same tensor in every bucket's graph, whatever the node is called there)."""
+
+    per_channel: bool = True
+    reduce_range: bool = True
+    fp32_weights: frozenset[str] = frozenset()
+
+    @property
+    def weight_bits(self) -> int:
+        return 7 if self.reduce_range else 8
+
+
+def weight_products(model: onnx.ModelProto) -> list[onnx.NodeProto]:
+    """The MatMul nodes whose right operand is a weight (an initializer): what int8 may quantize.
+    Not the SSM convolutions (their constant is the left operand, `constant_left_matmuls`)."""
+    constants = {init.name for init in model.graph.initializer}
+    return [
+        n for n in model.graph.node if n.op_type == "MatMul" and n.input[1] in constants and n.input[0] not in constants
+    ]
+
+
+def quantize_int8(src: Path, dst: Path, recipe: Int8Recipe | None = None, per_channel: bool | None = None) -> None:
+    """Dynamic int8 of the graph `src` by `recipe` (default: every weight product, per channel, 7-bit
+    weights); `per_channel` overrides the recipe's (the benchmarks' per-tensor column)."""
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
+    recipe = recipe or Int8Recipe()
+    model = onnx.load(str(src), load_external_data=False)
+    kept = [n.name for n in weight_products(model) if n.input[1] in recipe.fp32_weights]
     quantize_dynamic(
         str(src),
         str(dst),
         weight_type=QuantType.QInt8,
-        per_channel=per_channel,
+        per_channel=recipe.per_channel if per_channel is None else per_channel,
+        reduce_range=recipe.reduce_range,
         op_types_to_quantize=QUANTIZED_OP_TYPES,
-        nodes_to_exclude=constant_left_matmuls(src),
+        nodes_to_exclude=constant_left_matmuls(src) + kept,
         use_external_data_format=True,
         extra_options={"MatMulConstBOnly": True},
     )
@@ -173,7 +209,8 @@ def quantize_int8(src: Path, dst: Path, per_channel: bool = True) -> None:
 
 def quantize_int8_static(src: Path, dst: Path, calibration: list[dict[str, np.ndarray]]) -> None:
     """Static int8 (QDQ): weights int8 per channel, activation ranges fixed from `calibration` runs
-    (MinMax). Measured against dynamic by bench/precision.py; not written by `bigs export`."""
+    (MinMax; bench/precision.py calibrates on the gate's real text). Measured against dynamic by
+    bench/precision.py; not written by `bigs export`."""
     from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static
 
     class Feeds(CalibrationDataReader):
@@ -196,6 +233,27 @@ def quantize_int8_static(src: Path, dst: Path, calibration: list[dict[str, np.nd
         use_external_data_format=True,
         extra_options={"MatMulConstBOnly": True},
     )
+
+
+def quantize_int8_blockwise(src: Path, dst: Path, block_size: int = 32) -> None:
+    """Int8 weights in blocks of `block_size` along the input dimension, computed with int8 activations
+    quantized per row and block (ORT MatMulNBits, 8 bits, accuracy_level 4). Measured against dynamic by
+    bench/precision.py (as accurate as fp32 to the gate, slower than dynamic on ORT CPU); not written by
+    `bigs export`."""
+    from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
+
+    model = onnx.load(str(src))
+    quantizer = MatMulNBitsQuantizer(
+        model,
+        bits=8,
+        block_size=block_size,
+        is_symmetric=True,
+        accuracy_level=4,
+        nodes_to_exclude=constant_left_matmuls(src),
+        op_types_to_quantize=("MatMul",),
+    )
+    quantizer.process()
+    quantizer.model.save_model_to_file(str(dst), use_external_data_format=True)
 
 
 # --------------------------------------------------------------------------------------------
@@ -338,6 +396,10 @@ def finish_graph(src: Path, dst: Path, weights: WeightsFileWriter) -> dict:
     return {"shared_initializers": shared, "op_types": dict(sorted(ops.items())), **io_spec(model)}
 
 
+# What decides the int8 recipe: called once, with the first (shortest) bucket and its finished fp32 graph
+PlanInt8 = Callable[[int, Path], Int8Recipe]
+
+
 def export_onnx(
     model: torch.nn.Module,
     buckets: list[int],
@@ -345,10 +407,13 @@ def export_onnx(
     quantize: str | None = None,
     embedding: SentenceEmbedding | None = None,
     done: Callable[[int], object] | None = None,
+    plan_int8: PlanInt8 | None = None,
 ) -> OnnxSection:
     """Export every bucket into `onnx_dir`; returns the manifest's onnx section (files relative to
     the export dir; hashes and parity are added by the caller). `embedding`: as for `torch_to_onnx`.
-    `done(bucket)` is called as each bucket's graphs are written (the export's progress lines)."""
+    `done(bucket)` is called as each bucket's graphs are written (the export's progress lines).
+    With `quantize="int8"`, each bucket's int8 twin is quantized from its finished fp32 graph by the
+    recipe `plan_int8` returns at the first bucket (the default recipe without it)."""
     onnx_dir.mkdir(parents=True, exist_ok=True)
     weights = WeightsFileWriter(onnx_dir / WEIGHTS_FILE)
     section = {
@@ -358,9 +423,10 @@ def export_onnx(
         "weights_file": f"onnx/{WEIGHTS_FILE}",
         "buckets": {},
     }
+    recipe: Int8Recipe | None = None
     with tempfile.TemporaryDirectory(prefix="bigs-onnx-") as tmp:
         tmp = Path(tmp)
-        for length in buckets:
+        for length in sorted(buckets):
             formulation = formulation_for(length, model.config.routing)
             raw, optimized = tmp / f"{length}.raw.onnx", tmp / f"{length}.opt.onnx"
             torch_to_onnx(model, length, formulation, raw, embedding)
@@ -368,8 +434,11 @@ def export_onnx(
             entry = {"file": f"onnx/{length}.onnx", **formulation.as_dict()}
             entry.update(finish_graph(optimized, onnx_dir / f"{length}.onnx", weights))
             if quantize == "int8":
+                if recipe is None:
+                    recipe = plan_int8(length, onnx_dir / f"{length}.onnx") if plan_int8 else Int8Recipe()
                 q_raw, q_opt = tmp / f"{length}.int8.raw.onnx", tmp / f"{length}.int8.opt.onnx"
-                quantize_int8(raw, q_raw)
+                # from the finished graph: its weights carry their names in weights.bin, which the recipe uses
+                quantize_int8(onnx_dir / f"{length}.onnx", q_raw, recipe)
                 ort_optimize(q_raw, q_opt)
                 q_entry = {"file": f"onnx/{length}.int8.onnx", **formulation.as_dict()}
                 q_entry.update(finish_graph(q_opt, onnx_dir / f"{length}.int8.onnx", weights))

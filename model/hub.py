@@ -42,6 +42,9 @@ CONFIG = "config.json"
 TRAINING_CARD = "training_card.json"
 MODEL_CARD = "README.md"
 EVALUATION = "eval.json"  # `bigs eval DIR --json DIR/eval.json`: its held-out table goes into the model card
+# `bigs eval EXPORT_DIR --precision auto --json DIR/eval-served.json`: the same sets scored on the export as
+# `bigs serve` serves it (int8 or bf16 where their gates passed); the card sets its figures beside eval.json's
+SERVED_EVALUATION = "eval-served.json"
 LIMITATIONS = "limitations.md"  # what the model is bad at, in words, under the card's "Limitations"
 
 # Each transformers Auto class → the BiGS class it builds, as "module.Class" of the files in the dir.
@@ -322,8 +325,10 @@ def model_card(
     dense: Dense | None = None,
     evaluation: dict | None = None,
     limitations: str | None = None,
+    served: dict | None = None,
 ) -> str:
-    """README.md text: YAML front matter (huggingface_hub's ModelCardData) and what the dir knows."""
+    """README.md text: YAML front matter (huggingface_hub's ModelCardData) and what the dir knows.
+    `served`: eval-served.json, the export's figures at the precision it is served at."""
     architecture = (config.get("architectures") or ["BiGSModel"])[0]
     meta = card_metadata(config, card)
     d, layers = config.get("hidden_size"), config.get("num_hidden_layers")
@@ -359,6 +364,7 @@ def model_card(
         labels = ", ".join(str(v) for _, v in sorted(config["id2label"].items(), key=lambda kv: int(kv[0])))
         lines += [f"Labels: {labels}.", ""]
     lines += evaluation_lines(evaluation)
+    lines += served_lines(evaluation, served)
     if limitations:
         lines += ["## Limitations", "", limitations.strip(), ""]
     lines += usage_section(architecture, dense)
@@ -469,6 +475,26 @@ def evaluation_lines(report: dict | None) -> list[str]:
     return [*lines, ""]
 
 
+def served_lines(report: dict | None, served: dict | None) -> list[str]:
+    """The figures of the model as served at reduced precision (eval-served.json) beside eval.json's, row by
+    row (same set, metric and note): what the speed-up costs in accuracy. Baselines are left out."""
+    if not report or not served:
+        return []
+    fp32 = {(r["set"], r["metric"], r.get("note", "")): r["value"] for r in report.get("rows", [])}
+    lines = ["## Served at reduced precision", "", f"`bigs eval` on the export at precision {served.get('precision')} "
+             "(what `bigs serve` answers with there), beside the table above:", "",
+             "| set | metric | fp32 | served | difference | n |", "|---|---|---|---|---|---|"]  # fmt: skip
+    for row in served.get("rows", []):
+        key = (row["set"], row["metric"], row.get("note", ""))
+        if row.get("note") == "baseline" or "teacher" in row.get("note", "") or key not in fp32:
+            continue
+        change = 100 * (row["value"] - fp32[key])
+        metric = f"{row['metric']} ({row['note']})" if row.get("note") else row["metric"]
+        lines.append(f"| {row['set']} | {metric} | {fp32[key]:.4f} | {row['value']:.4f} | "
+                     f"{change:+.2f} points | {row['count']} |")  # fmt: skip
+    return [*lines, ""]
+
+
 def usage_section(architecture: str, dense: Dense | None = None) -> list[str]:
     task = PIPELINE_TAGS.get(architecture)
     embedding = "mean over real tokens, L2-normalised"
@@ -539,8 +565,10 @@ def write_model_card(out_dir: str | Path) -> bool:
     # training writes RUN_DIR/artifact (training/stages.py): the run names the model there
     name = out_dir.resolve().name if out_dir.resolve().name != "artifact" else out_dir.resolve().parent.name
     evaluation = json.loads((out_dir / EVALUATION).read_text()) if (out_dir / EVALUATION).is_file() else None
+    served_path = out_dir / SERVED_EVALUATION
+    served = json.loads(served_path.read_text()) if served_path.is_file() else None
     limitations = (out_dir / LIMITATIONS).read_text(encoding="utf-8") if (out_dir / LIMITATIONS).is_file() else None
-    card_text = model_card(name, config, card, notes, read_dense(out_dir), evaluation, limitations)
+    card_text = model_card(name, config, card, notes, read_dense(out_dir), evaluation, limitations, served)
     path.write_text(card_text, encoding="utf-8")
     return True
 

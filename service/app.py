@@ -51,7 +51,9 @@ def create_app(
     `started`: when the process started (time.perf_counter), what the ready line's time counts from."""
     settings = settings or ServiceSettings()
     state = ServiceState(settings, started)
-    telemetry = Telemetry(state.metrics, settings.access_log, tracing_from_environment(VERSION))
+    telemetry = Telemetry(
+        state.metrics, settings.access_log, tracing_from_environment(VERSION), log_probes=settings.access_log_probes
+    )
 
     async def load_then_ready():
         try:

@@ -16,6 +16,8 @@ kernels exist but emulate, and are no faster than fp32 or slower):
     avx512_vnni   int8 dot products in AVX-512 (Cascade Lake and later, AMD Zen 4 and later)
     avx_vnni      int8 dot products in AVX2 encoding (Alder Lake, Zen 5)
     avx512_bf16   bf16 dot products in AVX-512 (Cooper Lake, Zen 4): twice fp32's rate, not AMX's 16x
+    avx2          int8 products by pairs summed in int16 (vpmaddubsw): faster than fp32, exact only
+                  with 7-bit weights, which export writes (`int8_saturates`)
 
 On the CPU the export timed the variants on (the same model name and flags), `auto` serves per
 bucket the fastest of fp32 and the variants that passed there, by those figures: they are this
@@ -42,11 +44,24 @@ PrecisionSetting = Literal["auto", "fp32", "int8", "bf16"]
 REDUCED: tuple[Precision, ...] = ("int8", "bf16")
 PRECISION_FLAGS = ("amx_bf16", "amx_int8", "avx512_vnni", "avx_vnni", "avx512_bf16")
 
-# Which flags make a reduced precision fast, best first (any one suffices).
+# Which flags make a reduced precision fast, best first (any one suffices). int8 on AVX2 alone: ORT's
+# u8s8 kernels there (vpmaddubsw) still beat fp32, 1.74x at batch 1 and 128 tokens for bigs-mini-embed on
+# a 2-core AVX2 EPYC (its bucket-128 graph, 7-bit weights)
 FAST_WITH: dict[Precision, tuple[str, ...]] = {
-    "int8": ("amx_int8", "avx512_vnni", "avx_vnni"),
+    "int8": ("amx_int8", "avx512_vnni", "avx_vnni", "avx2"),
     "bf16": ("amx_bf16",),
 }
+FLAG_LABELS = {**FLAG_NAMES, "avx2": "AVX2"}  # the reasons' names of the flags (FLAG_NAMES: the CPU's identity)
+
+# The flags with which int8 products are exact: uint8 × int8 pairs summed into int32 (VNNI's vpdpbusd, AMX
+# tiles). Without them ORT sums each pair in int16 first (AVX2's vpmaddubsw), which saturates where two
+# products of a uint8 activation and an 8-bit weight exceed 32,767; 7-bit weights (reduce_range) cannot.
+EXACT_INT8_WITH = ("amx_int8", "avx512_vnni", "avx_vnni")
+
+
+def int8_saturates(weight_bits: int, flags: Iterable[str]) -> bool:
+    """Whether int8 graphs with `weight_bits` weights compute saturated products on a CPU with `flags`."""
+    return weight_bits > 7 and not set(EXACT_INT8_WITH) & set(flags)
 
 
 def preference(flags: frozenset[str]) -> tuple[Precision, ...]:
@@ -164,7 +179,7 @@ def choose_precision(
         fast = fast_flag(precision, flags)
         status = variants.get(precision, VariantStatus(present=False))
         if fast is None:
-            needs = " or ".join(FLAG_NAMES[f] for f in FAST_WITH[precision])
+            needs = " or ".join(FLAG_LABELS[f] for f in FAST_WITH[precision])
             whole_model[precision] = f"not {precision}: this CPU lacks {needs}"
         elif not status.present:
             whole_model[precision] = f"not {precision}: no {precision} variant" + (
@@ -185,7 +200,7 @@ def choose_precision(
             if precision in whole_model:
                 reasons.append(whole_model[precision])
             elif precision == served:
-                fast = FLAG_NAMES[fast_flag(precision, flags)]
+                fast = FLAG_LABELS[fast_flag(precision, flags)]
                 reasons.append(
                     f"{precision}: preferred for CPUs with {fast} ({not_measured}), "
                     "and the variant passed its accuracy gate"
@@ -204,7 +219,7 @@ def choose_precision(
             continue
         why = []
         if precision != "fp32":
-            fast = FLAG_NAMES[fast_flag(precision, flags)]
+            fast = FLAG_LABELS[fast_flag(precision, flags)]
             why.append(f"its gate passed there; preferred for CPUs with {fast}: {not_measured}")
         for earlier in usable[: usable.index(precision)] if precision in usable else usable:
             failed = [(b, variants[earlier].bucket_failures.get(b) or "not measured") for b in at]
@@ -288,9 +303,15 @@ def fast_flag(precision: Precision, flags: frozenset[str]) -> str | None:
     return next((f for f in FAST_WITH.get(precision, ()) if f in flags), None)
 
 
-def variant_statuses(manifest) -> dict[Precision, VariantStatus]:
-    """What an export dir's manifest (export/manifest.py) offers per reduced precision, for this
-    install: bf16 needs OpenVINO importable."""
+def variant_statuses(
+    manifest, flags: Iterable[str] | None = None, cpu: str | None = None
+) -> dict[Precision, VariantStatus]:
+    """What an export dir's manifest (export/manifest.py) offers per reduced precision, for this install
+    and this CPU (`flags`, `cpu`: this machine's by default): bf16 needs OpenVINO importable; int8 graphs
+    with 8-bit weights (written before export used 7-bit ones) on a CPU whose int8 products saturate
+    (`int8_saturates`) compute something their gate did not measure, unless it was measured on this CPU."""
+    flags = cpu_flags() if flags is None else frozenset(flags)
+    cpu = cpu_description() if cpu is None else cpu
     statuses: dict[Precision, VariantStatus] = {}
     for precision in REDUCED:
         variant = manifest.precisions.get(precision)
@@ -301,6 +322,13 @@ def variant_statuses(manifest) -> dict[Precision, VariantStatus]:
             statuses[precision] = VariantStatus(present=False, detail=detail)
         elif variant.runtime == "openvino" and not _openvino_installed():
             statuses[precision] = VariantStatus(present=False, detail="OpenVINO is not installed: pip install openvino")
+        elif precision == "int8" and int8_saturates(variant.weight_bits, flags) and variant.measured_on != cpu:
+            detail = (f"its {variant.weight_bits}-bit weights saturate int8 products on this CPU (no VNNI or "
+                      f"AMX-INT8), and its gate was measured on {variant.measured_on}: export again here "
+                      "(7-bit weights)")  # fmt: skip
+            statuses[precision] = VariantStatus(
+                present=True, passed=False, detail=detail, bucket_failures=dict.fromkeys(variant.gate, detail)
+            )
         else:
             failures = variant.failures()
             statuses[precision] = VariantStatus(
@@ -326,6 +354,7 @@ def precision_for_model(setting: PrecisionSetting, runtime: str, manifest) -> Pr
             raise PrecisionUnavailable(f"precision {setting} needs runtime onnx (runtime {runtime} serves fp32)")
         buckets = manifest.buckets if manifest is not None else []
         return PrecisionChoice(dict.fromkeys(buckets, "fp32"), [f"runtime {runtime} serves fp32"])
+    flags, cpu = cpu_flags(), cpu_description()
     return choose_precision(
-        setting, cpu_flags(), variant_statuses(manifest), manifest.buckets, manifest.latency, cpu_description()
+        setting, flags, variant_statuses(manifest, flags, cpu), manifest.buckets, manifest.latency, cpu
     )

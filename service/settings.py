@@ -113,6 +113,12 @@ class ServiceSettings(BaseSettings):
         description="one log line per request (logger bigs.access: id, route, model, status, tokens, timings; "
         "replaces uvicorn's access log)",
     )
+    access_log_probes: bool = Field(
+        True,
+        description="log the requests of /health and /ready (what orchestrators probe every few seconds) at INFO "
+        "whatever their status, a 503 before ready included (it is the probe's answer, not a warning); off: not "
+        "logged at all. The `ready at …` line is the service's own and stays either way",
+    )
     log_format: Literal["text", "json"] = Field(
         "text",
         description="log lines as text, or as one JSON object per line for a log pipeline (the image and the "

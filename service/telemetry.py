@@ -41,6 +41,11 @@ MAX_REQUEST_ID = 128
 _ACCEPTED_ID = re.compile(rb"[A-Za-z0-9._:@/+=-]{1,%d}" % MAX_REQUEST_ID)
 
 access_log = logging.getLogger("bigs.access")
+# What orchestrators poll (Kubernetes' startup, readiness and liveness probes; the image's HEALTHCHECK): every few
+# seconds for as long as the pod lives, and /ready answers 503 until the models are warm. Such an answer is the
+# probe's news, not the service's trouble, so a probe's line is logged at the access log's quietest level, INFO,
+# whatever its status (a 500 stays an error), or not at all (`log_probes` off).
+PROBE_PATHS = frozenset({"/health", "/ready"})
 REQUEST_LINE = '%s - "%s %s" %d'  # client - "METHOD /path" status, as uvicorn's access line
 log = logging.getLogger("bigs")
 
@@ -128,8 +133,9 @@ def note_error(error_type: str) -> None:
 class Telemetry:
     """One app's telemetry: its metrics, whether requests are logged, and its tracer (or None)."""
 
-    def __init__(self, metrics: ServiceMetrics, log_requests: bool, tracing: Tracing | None):
+    def __init__(self, metrics: ServiceMetrics, log_requests: bool, tracing: Tracing | None, log_probes: bool = True):
         self.metrics, self.log_requests, self.tracing = metrics, log_requests, tracing
+        self.log_probes = log_probes  # the lines of PROBE_PATHS (off: none; on: at INFO unless a 500)
         # (endpoint, status) -> its request counter and latency histogram: `labels()` costs twice an update
         self._per_endpoint: dict[tuple[str, str], tuple] = {}
 
@@ -173,12 +179,12 @@ class Telemetry:
         trace_id = None
         if self.tracing is not None:
             trace_id = self.tracing.record(record, scope, ended)
-        if self.log_requests:
+        probe = record.path in PROBE_PATHS
+        if self.log_requests and (self.log_probes or not probe):
             fields = record.fields(total)
             if trace_id is not None:
                 fields["trace_id"] = trace_id
-            # error: the service failed (500); warning: it could not serve now (503 not ready, 504 deadline)
-            level = logging.ERROR if record.status == 500 else logging.WARNING if record.status > 500 else logging.INFO
+            level = access_level(record.status, probe)
             if access_log.isEnabledFor(level):
                 # made directly, not through `log()`: that looks up the caller's file and line in the stack
                 # for every line, a third of the cost of a request's line, for a location that never changes
@@ -188,6 +194,15 @@ class Telemetry:
                     access_log.name, level, __file__, 0, REQUEST_LINE, args, exc_info, extra={"fields": fields}
                 )
                 access_log.handle(line)
+
+
+def access_level(status: int, probe: bool) -> int:
+    """The level of a request's line: error where the service failed (500); warning where it could not serve
+    now (503 not ready or overloaded, 504 deadline), unless the request was a probe (PROBE_PATHS), whose 503
+    before ready is its expected answer; info for the rest."""
+    if status == 500:
+        return logging.ERROR
+    return logging.WARNING if status > 500 and not probe else logging.INFO
 
 
 # -- tracing (the `otel` extra) ----------------------------------------------------------------

@@ -360,12 +360,32 @@ def test_hub_files_keeps_a_readme_it_did_not_write(tmp_path):
     assert (directory / "README.md").read_text() == "# my own notes\n"
 
 
+def test_model_card_sets_the_served_precisions_figures_beside_fp32s_row_by_row(tmp_path):
+    directory = init(tmp_path / "m")
+    row = lambda metric, value, note="": {"set": "bbc-news test split", "metric": metric, "value": value,  # noqa: E731
+                                          "count": 212, "note": note}  # fmt: skip
+    fp32 = {"rows": [row("accuracy", 0.9623), row("majority class accuracy", 0.2358, "baseline")]}
+    served = {"precision": "auto on Some CPU: int8", "rows": [row("accuracy", 0.9575), row("majority class accuracy",
+              0.2358, "baseline")]}  # fmt: skip
+    (directory / hub.EVALUATION).write_text(json.dumps(fp32))
+    bigs_cli.main(["hub-files", str(directory)])
+    assert "## Served at reduced precision" not in (directory / "README.md").read_text()  # no served figures yet
+    (directory / hub.SERVED_EVALUATION).write_text(json.dumps(served))
+    bigs_cli.main(["hub-files", str(directory)])
+    body = (directory / "README.md").read_text()
+    assert "at precision auto on Some CPU: int8 (what `bigs serve` answers with there)" in body
+    assert "| bbc-news test split | accuracy | 0.9623 | 0.9575 | -0.48 points | 212 |" in body
+    assert "majority class" not in body.split("## Served at reduced precision")[1]  # baselines are not the model's
+
+
 @pytest.mark.parametrize("name", sorted(p.parent.name for p in (ROOT / "models").glob("*/config.json")))
 def test_shipped_model_dirs_hold_what_the_code_writes_now(tmp_path, name):
     """models/*/ carry generated files: regenerating them from their config and cards changes nothing
     (after a change to the model code or to model/hub.py: `bigs hub-files models/*/`)."""
     shipped = ROOT / "models" / name
-    for f in ("config.json", "training_card.json", "pretraining_card.json", "README.md", "eval.json", "limitations.md"):
+    cards = ("config.json", "training_card.json", "pretraining_card.json", "README.md", hub.EVALUATION,
+             hub.SERVED_EVALUATION, "limitations.md")  # fmt: skip
+    for f in cards:
         if (shipped / f).is_file():
             shutil.copy(shipped / f, tmp_path / f)
     if (shipped / "2_Dense").is_dir():

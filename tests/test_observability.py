@@ -326,6 +326,42 @@ def test_every_line_the_server_writes_is_json(observed, client):
         assert isinstance(json.loads(line), dict), line
 
 
+def test_start_up_probes_are_logged_at_info_not_as_warnings_and_the_ready_line_is_written_once(observed):
+    """The fixture's start-up polled /ready every 50 ms until 200, as a Kubernetes probe does every few seconds."""
+    lines = [json.loads(line) for line in observed.log_path.read_text().splitlines()]
+    probes = [line for line in lines if line.get("path") == "/ready"]
+    assert any(line["status"] == 503 for line in probes), "no /ready poll before ready was logged"
+    assert {line["level"] for line in probes} == {"info"}, [line for line in probes if line["level"] != "info"]
+    assert [line["message"] for line in lines if line["message"].startswith("ready at ")] == [
+        next(line["message"] for line in lines if line["message"].startswith("ready at "))
+    ]
+
+
+def test_probe_lines_can_be_turned_off_and_another_routes_503_stays_a_warning(caplog):
+    """In process, before ready (the app's lifespan, which loads the models, is not entered)."""
+    from fastapi.testclient import TestClient
+
+    from service.app import create_app
+    from service.settings import ServiceSettings
+
+    def access_lines(**settings) -> list[logging.LogRecord]:
+        caplog.clear()
+        client = TestClient(create_app(ServiceSettings(models=[], **settings)))
+        with caplog.at_level(logging.INFO, logger="bigs.access"):
+            assert client.get("/ready").status_code == 503 and client.get("/health").status_code == 200
+            assert client.post("/v1/classify", json={"inputs": "a"}).status_code == 503
+        return [r for r in caplog.records if r.name == "bigs.access"]
+
+    logged = access_lines()
+    assert [(r.fields["path"], r.fields["status"], r.levelname) for r in logged] == [
+        ("/ready", 503, "INFO"),
+        ("/health", 200, "INFO"),
+        ("/v1/classify", 503, "WARNING"),
+    ]
+    quiet = access_lines(access_log_probes=False)
+    assert [(r.fields["path"], r.levelname) for r in quiet] == [("/v1/classify", "WARNING")]
+
+
 # -- tracing ------------------------------------------------------------------------------------
 
 

@@ -36,6 +36,7 @@ from service.cpu_features import (
     PrecisionUnavailable,
     VariantStatus,
     choose_precision,
+    cpu_description,
     cpu_flags,
     dominant_precision,
     fast_flag,
@@ -75,7 +76,8 @@ AUTO_CASES = {
     "zen 4 (vnni, avx512_bf16, no amx): int8": (ZEN4, PASSED, PASSED, "int8"),
     "zen 4, int8 failed: not bf16 either (no amx)": (ZEN4, FAILED, PASSED, "fp32"),
     "avx-vnni only: int8": (ALDER_LAKE, PASSED, PASSED, "int8"),
-    "no vnni: fp32 even with every variant passed": (SKYLAKE, PASSED, PASSED, "fp32"),
+    "no vnni, avx2: int8 (7-bit weights, exact there)": (SKYLAKE, PASSED, PASSED, "int8"),
+    "no vnni, avx2, int8 failed: fp32": (SKYLAKE, FAILED, PASSED, "fp32"),
     "no cpuinfo: fp32": (set(), PASSED, PASSED, "fp32"),
     "fp32-only export: fp32": (ZEN4, ABSENT, ABSENT, "fp32"),
 }
@@ -98,8 +100,8 @@ def test_auto_gives_a_reason_for_every_candidate_it_passed_over():
         f"not int8: failed its accuracy gate ({FAILED.detail})",
         "fp32: no faster variant applies",
     ]
-    lacking = choose_precision("auto", SKYLAKE, {"int8": PASSED, "bf16": PASSED}, BUCKETS)
-    assert "AVX512-VNNI or AVX-VNNI" in lacking.explain() and "AMX-BF16" in lacking.explain()
+    lacking = choose_precision("auto", {"sse4_2"}, {"int8": PASSED, "bf16": PASSED}, BUCKETS)
+    assert "AVX512-VNNI or AVX-VNNI or AVX2" in lacking.explain() and "AMX-BF16" in lacking.explain()
 
 
 @pytest.mark.parametrize("precision", ["int8", "bf16"])
@@ -136,7 +138,8 @@ PER_BUCKET_CASES = {
         SAPPHIRE_RAPIDS, failing_at(4096), failing_at(*BUCKETS), ["int8", "int8", "int8", "fp32"]),
     "zen 4, int8 failed at every bucket: fp32 (bf16 not fast)": (
         ZEN4, failing_at(*BUCKETS), PASSED, ["fp32"] * 4),
-    "no vnni: fp32 even where int8 passed": (SKYLAKE, failing_at(4096), PASSED, ["fp32"] * 4),
+    "no vnni, avx2: int8 where it passed": (SKYLAKE, failing_at(4096), PASSED, ["int8", "int8", "int8", "fp32"]),
+    "no avx2 either: fp32 even where int8 passed": ({"sse4_2"}, failing_at(4096), PASSED, ["fp32"] * 4),
 }  # fmt: skip
 
 
@@ -961,3 +964,120 @@ def test_an_int8_variant_that_failed_its_gate_at_one_bucket_is_served_int8_at_th
     finally:
         for server in servers.values():
             server.stop()
+
+
+# -- the int8 search (export/int8_search.py) ------------------------------------------------------
+
+
+def fp32_weight_products(graph: Path) -> set[str]:
+    """The weights that a plain (fp32) MatMul of `graph` multiplies: the products int8 left in fp32."""
+    import onnx
+
+    from export.onnx import weight_products
+
+    return {node.input[1] for node in weight_products(onnx.load(str(graph), load_external_data=False))}
+
+
+@pytest.mark.slow
+def test_every_weight_product_an_export_leaves_in_fp32_is_named_in_its_manifest(variant_exports):
+    from export.manifest import read_manifest
+
+    for name, export_dir in variant_exports.items():
+        manifest = read_manifest(export_dir)
+        search = manifest.precisions["int8"].search
+        assert search.bucket == min(manifest.buckets) and search.weight_bits == 7 and search.tries, name
+        assert search.chosen.gate.passed == search.passed
+        named = {product.weight for product in search.fp32}
+        for bucket in manifest.buckets:
+            assert fp32_weight_products(export_dir / manifest.onnx.graph(bucket, "int8").file) == named, (name, bucket)
+
+
+@pytest.mark.slow
+def test_the_search_leaves_the_products_of_largest_int8_error_in_fp32_until_the_gate_passes_and_names_each(
+    variant_exports, tmp_path, tokenizer
+):
+    """Thresholds no all-int8 graph of the tiny model meets, so the search has to leave products in fp32."""
+    from export.heads import primary_head
+    from export.int8_search import search_int8
+    from export.manifest import GateThresholds, read_manifest
+    from export.onnx import quantize_int8
+
+    export_dir = variant_exports["cls"]
+    manifest = read_manifest(export_dir)
+    bucket, graph = 128, export_dir / manifest.onnx.graph(128).file
+    recorded = manifest.precisions["int8"].search.tries[0].gate  # everything int8, default thresholds
+    strict = GateThresholds(
+        embedding_cosine_min=recorded.embedding_cosine_min + (1 - recorded.embedding_cosine_min) / 2
+    )
+    recipe, search = search_int8(graph, bucket, tokenizer, primary_head(manifest.model.architecture), strict)
+
+    assert not search.tries[0].gate.passed and search.tries[0].fp32_products == 0
+    assert search.passed and search.chosen.gate.passed
+    chosen = len(search.fp32)
+    assert chosen > 0 and recipe.fp32_weights == {product.weight for product in search.fp32}
+    # the fewest tried that pass: every try with fewer products in fp32 failed
+    assert all(not t.gate.passed for t in search.tries if t.fp32_products < chosen)
+    assert [product.rank for product in search.fp32] == list(range(1, chosen + 1))
+    errors = [product.error for product in search.fp32]
+    assert errors == sorted(errors, reverse=True) and all(
+        p.why and p.where and 0 < p.macs_share < 1 for p in search.fp32
+    )
+    quantize_int8(graph, tmp_path / "searched.onnx", recipe)
+    assert fp32_weight_products(tmp_path / "searched.onnx") == recipe.fp32_weights
+
+
+@pytest.mark.slow
+def test_when_no_try_passes_the_search_says_so_and_auto_never_serves_the_variant(variant_exports, tmp_path, tokenizer):
+    from export.heads import primary_head
+    from export.int8_search import MAX_TRIES, search_int8
+    from export.manifest import GateThresholds, read_manifest
+
+    export_dir = variant_exports["mlm"]
+    manifest = read_manifest(export_dir)
+    impossible = GateThresholds(embedding_cosine_min=1.5)  # no graph but fp32 itself reaches it
+    _, search = search_int8(export_dir / manifest.onnx.graph(128).file, 128, tokenizer,
+                            primary_head(manifest.model.architecture), impossible)  # fmt: skip
+    assert not search.passed and not any(t.gate.passed for t in search.tries) and len(search.tries) <= MAX_TRIES
+    assert all("still failed" in product.why for product in search.fp32)
+
+    def failed(manifest):  # the variant as export records one whose gate failed at every bucket
+        variant = manifest.precisions["int8"]
+        for measured in variant.gate.values():
+            measured.failures = impossible.failures(measured)
+        variant.passed, variant.search = False, search
+        manifest.precisions.pop("bf16", None)
+
+    tampered = read_manifest(_tampered_copy(export_dir, tmp_path, failed))
+    for flags in (ZEN4, SKYLAKE, SAPPHIRE_RAPIDS):
+        statuses = variant_statuses(tampered, flags, cpu_description())
+        choice = choose_precision("auto", flags, statuses, tampered.buckets, tampered.latency, cpu_description())
+        assert set(choice.by_bucket.values()) == {"fp32"}, choice.explain()
+        with pytest.raises(PrecisionUnavailable):
+            choose_precision("int8", flags, statuses, tampered.buckets)
+
+
+@pytest.mark.slow
+def test_int8_with_8_bit_weights_is_not_served_where_int8_products_saturate_unless_its_gate_ran_on_that_cpu(
+    variant_exports,
+):
+    from export.manifest import read_manifest
+
+    manifest = read_manifest(variant_exports["cls"])
+    seven_bit = manifest.precisions["int8"]
+    assert seven_bit.weight_bits == 7 and seven_bit.passed, "the tiny classifier's int8 passes its gate"
+    eight_bit = manifest.model_copy(deep=True)
+    eight_bit.precisions["int8"].search = None  # as written before the search: 8-bit weights
+    elsewhere = "Intel Xeon (AVX512-VNNI)"
+    assert eight_bit.precisions["int8"].measured_on != elsewhere
+    for flags, cpu, served in [
+        (SKYLAKE, elsewhere, False),  # AVX2 pairs saturate, and the gate ran on another CPU
+        (SKYLAKE, eight_bit.precisions["int8"].measured_on, True),  # the gate measured these very kernels
+        (ZEN4, elsewhere, True),  # VNNI: exact products
+        (SAPPHIRE_RAPIDS, elsewhere, True),  # AMX-INT8: exact products
+    ]:
+        status = variant_statuses(eight_bit, flags, cpu)["int8"]
+        assert status.passed_at(128) == served, (flags, cpu, status)
+        if not served:
+            assert "saturate" in status.detail and elsewhere not in status.detail
+    for flags in (SKYLAKE, ZEN4, SAPPHIRE_RAPIDS):  # 7-bit weights: exact everywhere, served wherever it passed
+        assert variant_statuses(manifest, flags, elsewhere)["int8"].passed_at(128)

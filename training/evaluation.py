@@ -84,9 +84,12 @@ class Report:
     architecture: str
     rows: list[Row] = field(default_factory=list)
     examples: list[dict] = field(default_factory=list)  # a few cloze answers, to read
+    # what ran: "fp32" (an artifact, or an export asked for fp32), or an export's precision per bucket and the
+    # CPU that decided it (precision auto), e.g. "auto on AMD EPYC (AVX512-VNNI, AVX512-BF16): int8"
+    precision: str = "fp32"
 
     def table(self) -> str:
-        lines = [f"{self.model} ({self.kind}, {self.architecture})", ""]
+        lines = [f"{self.model} ({self.kind}, {self.architecture}, precision {self.precision})", ""]
         lines.append(f"{'set':<32} {'metric':<22} {'value':>8} {'n':>7}  note")
         for r in self.rows:
             lines.append(f"{r.set:<32} {r.metric:<22} {r.value:>8.4f} {r.count:>7}  {r.note}")
@@ -99,6 +102,7 @@ class Report:
             "model": self.model,
             "kind": self.kind,
             "architecture": self.architecture,
+            "precision": self.precision,
             "rows": [r.__dict__ for r in self.rows],
             "examples": self.examples,
         }
@@ -169,10 +173,21 @@ class ExportModel:
     kind = "export"
 
     def __init__(self, path: Path, precision: str = "fp32"):
+        """`precision`: fp32, int8 or bf16 at every bucket, or "auto": per bucket what `bigs serve`'s precision
+        auto serves on this CPU (service/cpu_features.py), so the figures are those of the served variant."""
         from export.manifest import read_manifest
+        from service.cpu_features import precision_for_model
         from service.runtimes import load_runtime
 
         self.manifest = read_manifest(path)
+        self.precision = precision
+        if precision == "auto":
+            from service.cpu_features import cpu_description
+            from service.state import precision_words
+
+            choice = precision_for_model("auto", "onnx", self.manifest)
+            self.precision = f"auto on {cpu_description()}: {precision_words(choice.by_bucket)}"
+            precision = choice.by_bucket
         self.buckets = sorted(self.manifest.buckets)
         self.max_length = self.buckets[-1]
         self.embedding_size = self.manifest.model.embedding_size
@@ -470,7 +485,7 @@ def evaluate(
     from model.tokenizer import bert_uncased_tokenizer
 
     model = open_model(path, precision)
-    report = Report(str(path), model.kind, model.architecture)
+    report = Report(str(path), model.kind, model.architecture, precision=getattr(model, "precision", "fp32"))
     if model.architecture == "BiGSForMaskedLM":
         rows, examples = score_cloze(model, bert_uncased_tokenizer(), read_cloze())
         report.rows += rows

@@ -1,0 +1,246 @@
+"""Which weight products the int8 variant leaves in fp32: an accuracy-aware search on the gate's text.
+
+Dynamic int8 (export/onnx.py `Int8Recipe`) quantizes each product's activations with one range per
+tensor. In a BiGS block two products read a gated activation (an elementwise product of two
+branches, the FFN's down projection among them): their rows carry outliers, and a single range for the
+whole tensor rounds the rest of it coarsely. Quantizing everything, the defaults missed the gate
+(bigs-mini's fill-mask top-1 agreement 0.898 < 0.9 at 128 tokens, the classifiers' embedding cosine
+0.91-0.96 < 0.99); the same graphs with those products left in fp32 pass (docs/DESIGN.md §1.3).
+Which products they are depends on the model, so export finds them per model, on the first bucket:
+
+1. Rank. The fp32 graph runs a few of the gate's batches with every weight product's input exposed;
+   each product's int8 error is simulated exactly as ORT computes it (uint8 activations, one range
+   per tensor; int8 or 7-bit weights per output channel) and measured against its fp32 output:
+   ||x̂ŵ − xw|| / ||xw||, averaged over the batches. One fp32 pass: no graph per candidate.
+2. Search. Quantize with the top k of the ranking left in fp32, and run the gate (export/gate.py
+   `measure_gate`, the same measures and thresholds as every variant's) at that bucket: k = 0 first,
+   then every product whose error is above half the largest, a quarter, an eighth
+   (`EXCLUSION_STEPS`), until one passes; then k is halved between the last count that failed and
+   the one that passed, `REFINE_TRIES` times: the fewest tried that pass. At most `MAX_TRIES`
+   quantizations and gates of the shortest bucket, seconds each on 2 cores: within export's
+   first-minutes budget.
+
+Every try, and each product left in fp32 with why (its rank and error) and what it costs (its share of
+the weight products' multiply-adds, which stay fp32), is recorded in the manifest
+(`Int8Search`, export/manifest.py). The variant is then gated at every bucket like any other; a bucket
+where it fails is not served int8 (service/cpu_features.py).
+
+A library was weighed first: NNCF's `quantize_with_accuracy_control` ranks and reverts nodes, but of
+static (QDQ) graphs, which are slower than dynamic on ORT CPU (§4.5) and need a validation run per
+reverted group; ONNX Runtime's quantizer does the quantizing here (`nodes_to_exclude`), and the
+ranking is one numpy pass.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+from onnx import numpy_helper
+
+from .gate import RunBatch, gate_batches, measure_gate, ort_runner
+from .manifest import Fp32Product, GateThresholds, Int8Search, Int8Try
+from .onnx import Int8Recipe, ort_optimize, quantize_int8, weight_products
+
+RANKING_BATCHES = 4  # of the gate's batches at the search bucket: 16 sequences
+# Products left in fp32 after the all-int8 try: those whose error is above these fractions of the largest
+EXCLUSION_STEPS = (1 / 2, 1 / 4, 1 / 8)
+REFINE_TRIES = 2  # halvings between the last failing and the first passing count
+MAX_TRIES = 1 + len(EXCLUSION_STEPS) + REFINE_TRIES
+
+
+@dataclass(frozen=True)
+class RankedProduct:
+    node: str  # its name in the searched graph
+    weight: str  # its weight tensor (the same name in every bucket's graph)
+    where: str
+    error: float
+    macs: int  # multiply-adds per token (in × out)
+
+
+def quantized(x: np.ndarray) -> np.ndarray:
+    """`x` through ORT's dynamic activation quantization and back: uint8, one asymmetric range over the
+    whole tensor that includes 0 (DynamicQuantizeLinear)."""
+    low, high = min(float(x.min()), 0.0), max(float(x.max()), 0.0)
+    scale = (high - low) / 255 or 1.0
+    zero = np.round(-low / scale)
+    return (np.clip(np.round(x / scale) + zero, 0, 255) - zero) * scale
+
+
+def quantized_weight(w: np.ndarray, bits: int) -> np.ndarray:
+    """`w` (in, out) through symmetric per-output-channel quantization to `bits` and back."""
+    top = 2 ** (bits - 1) - 1
+    scale = np.abs(w).max(axis=0, keepdims=True) / top
+    scale[scale == 0] = 1.0
+    return np.round(w / scale) * scale
+
+
+def describe_products(model: onnx.ModelProto) -> dict[str, str]:
+    """Node → where it is, for a reader: its block (the encoder layer of the last LayerNorm before it),
+    its shape, and what its input is (a LayerNorm, an SSM convolution, a gated product, …)."""
+    producer = {out: node for node in model.graph.node for out in node.output}
+    shapes = {init.name: list(init.dims) for init in model.graph.initializer}
+    constants = set(shapes) | {n.output[0] for n in model.graph.node if n.op_type == "Constant"}
+    products = {n.name for n in weight_products(model)}
+    block, where = None, {}
+    for node in model.graph.node:
+        if node.op_type == "LayerNormalization" and len(node.input) > 1 and ".layer." in node.input[1]:
+            block = node.input[1].split(".layer.")[1].split(".")[0]
+        if node.name in products:
+            source = producer.get(node.input[0])
+            if source is None:
+                kind = "a graph input"
+            elif source.op_type == "MatMul" and source.input[0] in constants:
+                kind = "an SSM convolution"
+            elif source.op_type == "Mul":
+                kind = "a gated product"
+            else:
+                kind = f"a {source.op_type}"
+            dims = shapes.get(node.input[1], ["?", "?"])
+            where[node.name] = f"block {block if block is not None else '?'}, {dims[0]} → {dims[-1]}, input from {kind}"
+    return where
+
+
+def rank_products(graph: Path, batches: list[dict[str, np.ndarray]], weight_bits: int) -> list[RankedProduct]:
+    """The weight products of `graph`, largest simulated int8 error first (module docstring, step 1)."""
+    model = onnx.load(str(graph))  # with its weights
+    products = weight_products(model)
+    where = describe_products(model)
+    weights = {init.name: init for init in model.graph.initializer}
+    exposed = [n.input[0] for n in products]
+    for name in dict.fromkeys(exposed):
+        model.graph.output.append(onnx.helper.make_empty_tensor_value_info(name))
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL  # keep every exposed tensor
+    session = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    names = [o.name for o in session.get_outputs()]
+    wanted = {i.name for i in session.get_inputs()}
+    matrices = {n.name: numpy_helper.to_array(weights[n.input[1]]).astype(np.float64) for n in products}
+    approximate = {name: quantized_weight(w, weight_bits) for name, w in matrices.items()}
+    errors: dict[str, list[float]] = {n.name: [] for n in products}
+    for feeds in batches:
+        outputs = dict(zip(names, session.run(None, {k: v for k, v in feeds.items() if k in wanted}), strict=True))
+        for node in products:
+            x = outputs[node.input[0]].astype(np.float64)
+            exact = x @ matrices[node.name]
+            errors[node.name].append(
+                float(np.linalg.norm(quantized(x) @ approximate[node.name] - exact) / max(np.linalg.norm(exact), 1e-30))
+            )
+    ranked = [
+        RankedProduct(
+            n.name, n.input[1], where[n.name], float(np.mean(errors[n.name])), int(np.prod(matrices[n.name].shape))
+        )
+        for n in products
+    ]
+    return sorted(ranked, key=lambda r: -r.error)
+
+
+def exclusion_counts(ranked: list[RankedProduct]) -> list[int]:
+    """How many of the ranked products each try leaves in fp32: 0, then those above each step of the largest error."""
+    top = ranked[0].error if ranked else 0.0
+    counts = [0]
+    for step in EXCLUSION_STEPS:
+        count = sum(r.error > step * top for r in ranked)
+        if counts[-1] < count < len(ranked):
+            counts.append(count)
+    return counts
+
+
+def search_int8(
+    graph: Path,
+    bucket: int,
+    tokenizer,
+    head: str,
+    thresholds: GateThresholds | None = None,
+    recipe: Int8Recipe | None = None,
+    done: Callable[[Int8Try], object] | None = None,
+) -> tuple[Int8Recipe, Int8Search]:
+    """The recipe of the fewest products left in fp32 (among the tries) whose int8 graph of `graph` (the
+    finished fp32 graph of `bucket`) passes the gate at `bucket`, and the search's record. `recipe`: how
+    the rest is quantized (default `Int8Recipe()`). `done(try)` after each try (export's progress lines).
+    Where no try passes, the last (the most left in fp32) is the recipe, and the record says so: the
+    variant then fails its gate there and is not served at that bucket."""
+    thresholds = thresholds or GateThresholds()
+    recipe = recipe or Int8Recipe()
+    batches = gate_batches(tokenizer, bucket, head == "fill-mask")
+    ranked = rank_products(graph, [_feeds(b) for b in batches[:RANKING_BATCHES]], recipe.weight_bits)
+    reference = ort_runner({bucket: _session(graph)})
+    total_macs = sum(r.macs for r in ranked) or 1
+    tries: dict[int, Int8Try] = {}  # by the count left in fp32
+    with tempfile.TemporaryDirectory(prefix="bigs-int8-search-") as tmp:
+
+        def attempt(count: int) -> bool:
+            candidate = Int8Recipe(recipe.per_channel, recipe.reduce_range, frozenset(r.weight for r in ranked[:count]))
+            run = _int8_runner(graph, bucket, candidate, Path(tmp))
+            gate = measure_gate(tokenizer, bucket, head, reference, run, thresholds)
+            share = sum(r.macs for r in ranked[:count]) / total_macs
+            tries[count] = Int8Try(fp32_products=count, fp32_macs_share=round(share, 5), gate=gate)
+            if done is not None:
+                done(tries[count])
+            return gate.passed
+
+        failed, passing = -1, None
+        for count in exclusion_counts(ranked):
+            if attempt(count):
+                passing = count
+                break
+            failed = count
+        for _ in range(REFINE_TRIES if passing is not None else 0):
+            middle = (failed + passing) // 2
+            if middle <= failed:
+                break
+            if attempt(middle):
+                passing = middle
+            else:
+                failed = middle
+    count = passing if passing is not None else max(tries)  # none passed: the most left in fp32
+    chosen = Int8Recipe(recipe.per_channel, recipe.reduce_range, frozenset(r.weight for r in ranked[:count]))
+    why = (
+        f"left fp32 for the gate at bucket {bucket} to pass"
+        if passing is not None
+        else "left fp32; the gate still failed"
+    )
+    record = Int8Search(
+        bucket=bucket,
+        weight_bits=chosen.weight_bits,
+        per_channel=chosen.per_channel,
+        ranked_by="the simulated int8 error of each weight product on the gate's text, ||x̂ŵ − xw|| / ||xw||",
+        products=len(ranked),
+        tries=list(tries.values()),
+        fp32=[
+            Fp32Product(
+                weight=r.weight,
+                where=r.where,
+                error=round(r.error, 5),
+                rank=rank,
+                macs_share=round(r.macs / total_macs, 5),
+                why=f"int8 error {r.error:.3g}, {rank} of {len(ranked)} by error: {why}",
+            )
+            for rank, r in enumerate(ranked[:count], start=1)
+        ],
+        passed=passing is not None,
+    )
+    return chosen, record
+
+
+def _feeds(batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    return {k: v for k, v in batch.items() if not k.startswith("_")}
+
+
+def _session(path: Path) -> ort.InferenceSession:
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL  # optimised offline already
+    return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+
+
+def _int8_runner(graph: Path, bucket: int, recipe: Int8Recipe, work: Path) -> RunBatch:
+    """`graph` quantized by `recipe` and optimised as export writes it (export/onnx.py), on ORT."""
+    raw, optimized = work / f"{bucket}.int8.raw.onnx", work / f"{bucket}.int8.opt.onnx"
+    quantize_int8(graph, raw, recipe)
+    ort_optimize(raw, optimized)
+    return ort_runner({bucket: _session(optimized)})
