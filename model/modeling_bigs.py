@@ -674,7 +674,7 @@ class BiGSClapPredictionHead(nn.Module):
     def __init__(self, config: BiGSConfig):
         super().__init__()
         self.decoder = nn.Linear(config.hidden_size, config.vocab_size, bias=False)  # tied to the word embeddings
-        self.beta = nn.Parameter(torch.empty(()))
+        self.beta = nn.Parameter(torch.empty(1))  # (1,): a 0-d tensor is written as (1,) by save_pretrained
 
     def forward(self, hidden_states):
         return self.beta * F.linear(hidden_states, F.normalize(self.decoder.weight, dim=-1))

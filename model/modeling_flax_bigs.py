@@ -713,7 +713,7 @@ class FlaxBiGSClapPredictionHead(nn.Module):
 
         if shared_embedding is None:
             raise ValueError("the CLAP head scores against the tied word embeddings: none were given")
-        beta = self.param("beta", nn.initializers.constant(CLAP_INITIAL_BETA), ())
+        beta = self.param("beta", nn.initializers.constant(CLAP_INITIAL_BETA), (1,))
         # F.normalize's form: each row over max(‖row‖, 1e-12)
         norms = jnp.sqrt(jnp.sum(shared_embedding * shared_embedding, axis=-1, keepdims=True))
         unit = shared_embedding / jnp.maximum(norms, 1e-12)
