@@ -26,7 +26,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from .configuration_bigs import BiGSConfig
+from .configuration_bigs import CLAP_INITIAL_BETA, SPATIAL_INIT_SCALE, BiGSConfig, alibi_slopes
 
 
 def exact_gelu(x):
@@ -198,8 +198,6 @@ def _dense(module: nn.Module, features: int, **kwargs):
 
 def alibi_bias(num_heads: int, length: int):
     """(h, L, L) float32 ALiBi bias, nonsymmetric with offset; the twin of modeling_bigs.alibi_bias."""
-    from .modeling_bigs import alibi_slopes  # plain Python floats: the same slopes in both frameworks
-
     positions = jnp.arange(length)
     ahead = positions[None, :] - positions[:, None]  # j − i
     distance = jnp.abs(ahead).astype(jnp.float32) - 0.5 * (ahead > 0).astype(jnp.float32)
@@ -444,8 +442,6 @@ class FlaxBiGSStackLayer(nn.Module):
 
 def spatial_kernel_init(key, shape, dtype=jnp.float32):
     """gMLP's W near zero: uniform in ±SPATIAL_INIT_SCALE / N, as the torch model's init."""
-    from .modeling_bigs import SPATIAL_INIT_SCALE
-
     scale = SPATIAL_INIT_SCALE / shape[0]
     return jax.random.uniform(key, shape, dtype, -scale, scale)
 
@@ -709,8 +705,6 @@ class FlaxBiGSClapPredictionHead(nn.Module):
 
     @nn.compact
     def __call__(self, hidden_states, shared_embedding=None):
-        from .modeling_bigs import CLAP_INITIAL_BETA
-
         if shared_embedding is None:
             raise ValueError("the CLAP head scores against the tied word embeddings: none were given")
         beta = self.param("beta", nn.initializers.constant(CLAP_INITIAL_BETA), (1,))

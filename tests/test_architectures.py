@@ -21,8 +21,9 @@ from test_modeling_torch import all_outputs, max_diff_at_real_tokens, one_row, p
 
 from export.modules import formulation_for
 from model import BiGSConfig, BiGSForMaskedLM, BiGSForSequenceClassification
+from model.configuration_bigs import alibi_slopes
 from model.convert import flax_to_torch, torch_to_flax
-from model.modeling_bigs import BiGSGMLPLayer, BiGSLayer, BiGSStackLayer, alibi_bias, alibi_slopes
+from model.modeling_bigs import BiGSGMLPLayer, BiGSLayer, BiGSStackLayer, alibi_bias
 from model.modeling_flax_bigs import (
     FlaxBiGSForMaskedLMModule,
     FlaxBiGSForSequenceClassificationModule,
