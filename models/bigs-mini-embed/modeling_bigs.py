@@ -31,7 +31,7 @@ from transformers.modeling_outputs import (
     TokenClassifierOutput,
 )
 
-from .configuration_bigs import BiGSConfig
+from .configuration_bigs import CLAP_INITIAL_BETA, SPATIAL_INIT_SCALE, BiGSConfig, alibi_slopes
 from .ssm import (
     causal_conv_chunked,
     causal_conv_direct,
@@ -100,21 +100,6 @@ def key_padding_bias(real_tokens: torch.Tensor, dtype: torch.dtype) -> torch.Ten
     torch): ONNX Runtime's CPU kernel of the ONNX Attention op requires the mask's query dimension."""
     L = real_tokens.shape[-1]
     return ((1.0 - real_tokens.to(dtype)) * torch.finfo(dtype).min)[:, None, None, :].expand(-1, -1, L, -1)
-
-
-def alibi_slopes(num_heads: int) -> list[float]:
-    """The per-head slopes m of ALiBi (Press et al., "Train Short, Test Long"): for h a power of two the
-    geometric sequence 2^(−8/h), 2^(−16/h), …, 2^(−8); otherwise the h' = 2^⌊log2 h⌋ slopes of h', then
-    every other slope of 2h' for the heads left over (the paper's recipe)."""
-
-    def power_of_two(n: int) -> list[float]:
-        start = 2.0 ** (-8.0 / n)
-        return [start ** (i + 1) for i in range(n)]
-
-    if num_heads & (num_heads - 1) == 0:
-        return power_of_two(num_heads)
-    below = 2 ** math.floor(math.log2(num_heads))
-    return power_of_two(below) + alibi_slopes(2 * below)[0::2][: num_heads - below]
 
 
 def alibi_bias(num_heads: int, length: int, dtype: torch.dtype, device=None) -> torch.Tensor:
@@ -658,13 +643,6 @@ class BiGSLMPredictionHead(nn.Module):
 
     def forward(self, hidden_states):
         return self.decoder(self.transform(hidden_states))
-
-
-# The CLAP head's inverse temperature at initialisation: h at the last layer has a norm of about √d, so the
-# logits β·|h|·cos start on the scale of CLIP's 1/0.07 × cos at the comparison's width (d = 256).
-CLAP_INITIAL_BETA = 1.0
-# gMLP's spatial weight at initialisation: uniform in ±SPATIAL_INIT_SCALE / N ("near zero").
-SPATIAL_INIT_SCALE = 1e-3
 
 
 class BiGSClapPredictionHead(nn.Module):

@@ -7,6 +7,8 @@ convolution formulation runs). Unknown fields are kept, as `PretrainedConfig` do
 
 from __future__ import annotations
 
+import math
+
 from transformers import PretrainedConfig
 
 SSM_FORMULATIONS = ("fft", "toeplitz", "chunked", "direct")
@@ -19,9 +21,28 @@ GMLP_ROUTING = "spatial"
 # Routings that carry a learned matrix over positions of a fixed size N = max_position_embeddings: the
 # model is defined for inputs of at most N tokens and is trained, exported and served at N.
 FIXED_LENGTH_ROUTINGS = ("spatial", "synthesizer-random", "synthesizer-dense")
-# Routings whose attention is split into heads (num_attention_heads is read).
-HEADED_ROUTINGS = ("attention", "alibi", "synthesizer-random", "synthesizer-dense")
 MLM_HEADS = ("bert", "clap")
+# Initial values shared by the torch and Flax models (docs/DESIGN.md §2.8). The CLAP head's inverse temperature:
+# h at the last layer has a norm of about √d, so the logits β·|h|·cos start on the scale of CLIP's 1/0.07 × cos
+# at the comparison's width (d = 256). gMLP's spatial weight: uniform in ±SPATIAL_INIT_SCALE / N ("near zero").
+CLAP_INITIAL_BETA = 1.0
+SPATIAL_INIT_SCALE = 1e-3
+
+
+def alibi_slopes(num_heads: int) -> list[float]:
+    """The per-head slopes m of ALiBi (Press et al., "Train Short, Test Long"): for h a power of two the
+    geometric sequence 2^(−8/h), 2^(−16/h), …, 2^(−8); otherwise the h' = 2^⌊log2 h⌋ slopes of h', then
+    every other slope of 2h' for the heads left over (the paper's recipe). Plain floats, so the torch and
+    Flax models add the same biases."""
+
+    def power_of_two(n: int) -> list[float]:
+        start = 2.0 ** (-8.0 / n)
+        return [start ** (i + 1) for i in range(n)]
+
+    if num_heads & (num_heads - 1) == 0:
+        return power_of_two(num_heads)
+    below = 2 ** math.floor(math.log2(num_heads))
+    return power_of_two(below) + alibi_slopes(2 * below)[0::2][: num_heads - below]
 
 
 class BiGSConfig(PretrainedConfig):

@@ -313,7 +313,7 @@ def describe_layers(config: dict, architecture: str) -> str:
         return (
             f"An encoder of the BiGS family (`{architecture}`, block_type=gmlp): gMLP blocks, whose spatial gating "
             f"unit mixes positions through a learned {config.get('max_position_embeddings')} × "
-            f"{config.get('max_position_embeddings')} matrix (\"Pay Attention to MLPs\", Liu et al.): it reads at "
+            f'{config.get("max_position_embeddings")} matrix ("Pay Attention to MLPs", Liu et al.): it reads at '
             f"most that many tokens.{head}"
         )
     layers = {
