@@ -5,7 +5,7 @@ data, served by the same runtime.
 
     python scripts/compare_architectures.py [--out runs/compare] [--rows gated-ssm,stack-alibi-clap]
         [--buckets 128,512,4096] [--reps 5] [--set KEY=VALUE …] [--pretrain-set KEY=VALUE …]
-        [--lengths 512,1024,2048,4096] [--length-test-tokens 65536] [--long-length 4096] [--long-latency]
+        [--lengths 128,512,1024,2048,4096] [--length-test-tokens 65536] [--long-length 4096] [--long-latency]
         [--report docs/COMPARISON.md]
 
 Per row, each stage through the `bigs` command line, as a user would run it (stages meet only
@@ -24,7 +24,8 @@ call so that a noisy neighbour slows every row alike; the median of `--reps` cal
 rows that have the bucket.
 
 The length test: every length-flexible row's extended model (stage 2: trained at 128, then 512) scores
-held-out masked tokens at each of `--lengths` without further training: the corpus's test split packed at that
+held-out masked tokens at each of `--lengths` (128 and 512, the lengths it was trained at, then 1,024 to
+4,096) without further training: the corpus's test split packed at that
 length (its first `--length-test-tokens` tokens, the same text at every length), masked as training masks
 with the held-out seed, run by the training module's Flax model (`bigs eval`'s ArtifactModel). The
 absolute-position rows read past 512 through the extension's tiled position table, ALiBi through its
@@ -366,7 +367,8 @@ def length_section(results: list[RowResult], args) -> list[str]:
         "## The length test",
         "",
         "Held-out masked-token accuracy of each length-flexible row's extended model (trained at 128, then 512) "
-        "at longer inputs, with no further training: the test split of the pretraining corpus packed at each "
+        "at its training lengths and past them, with no further training: the test split of the pretraining corpus "
+        "packed at each "
         f"length (its first {args.length_test_tokens:,} tokens; "
         + ", ".join(f"{counted[n]:,} masked tokens at {n:,}" for n in lengths)
         + "). Plot: `length_curve.png`.",
@@ -414,9 +416,8 @@ def plot_length_curve(results: list[RowResult], path: Path) -> None:
 
     fig, ax = plt.subplots(figsize=(7, 4))
     for r in results:
-        points = sorted({128: r.masked_token_accuracy_128, **r.length_accuracy}.items())
-        points = [(n, a) for n, a in points if a is not None]
-        if r.length_accuracy:
+        if r.length_accuracy:  # one model (the extended one) on one text at every length
+            points = sorted(r.length_accuracy.items())
             ax.plot([n for n, _ in points], [100 * a for _, a in points], "o-", label=r.row)
     ax.set_xscale("log", base=2)
     ax.set_xlabel("tokens per input (trained at 128, extended at 512; no training past 512)")
@@ -444,7 +445,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--pretrain-set", action="append", default=[], metavar="KEY=VALUE", help="override, mlm and extend"
     )
-    parser.add_argument("--lengths", default="512,1024,2048,4096", help="the length test's lengths, or none")
+    parser.add_argument("--lengths", default="128,512,1024,2048,4096", help="the length test's lengths, or none")
     parser.add_argument("--length-test-tokens", type=int, default=65536, help="test-split tokens scored per length")
     parser.add_argument("--long-length", type=int, default=4096, help="the long input a fixed-N row is costed at")
     parser.add_argument(
