@@ -95,6 +95,7 @@ class RowResult:
     long_length: int | None = None
     long_encoder_parameters: int | None = None
     long_latency_ms: float | None = None
+    long_build_failure: str | None = None  # why the build at that N could not be exported, if it could not
 
 
 def bigs(*args: str) -> None:
@@ -390,7 +391,8 @@ def long_section(results: list[RowResult], args) -> list[str]:
     for r in fixed:
         cells = [r.row, f"{r.fixed_length:,}", f"{r.encoder_parameters:,}", f"{r.long_encoder_parameters:,}"]
         if args.long_latency:
-            cells.append("–" if r.long_latency_ms is None else f"{r.long_latency_ms:.1f} ms")
+            missing = f"not built: {r.long_build_failure}" if r.long_build_failure else "–"
+            cells.append(missing if r.long_latency_ms is None else f"{r.long_latency_ms:.1f} ms")
         lines.append("| " + " | ".join(cells) + " |")
     beside = ""
     if flexible and flexible.latency_ms.get(n):
@@ -471,13 +473,16 @@ def main(argv: list[str] | None = None) -> int:
         config = long_config(result.row, args.long_length, args.pretrain_set)
         result.long_length, result.long_encoder_parameters = args.long_length, encoder_parameters_at(config)
         if args.long_latency:
-            long_exports[f"{result.row}@{args.long_length}"] = long_build(
-                result.row, args.long_length, args.out, args.pretrain_set
-            )
+            try:  # hundreds of millions of parameters at N = 4,096: a failed build costs its cell, not the run
+                long_exports[f"{result.row}@{args.long_length}"] = long_build(
+                    result.row, args.long_length, args.out, args.pretrain_set
+                )
+            except subprocess.CalledProcessError as error:
+                result.long_build_failure = f"`bigs export` ended with status {error.returncode}"
     latency = measure_latency({**exports, **long_exports}, args.reps, args.threads)
     for result in results:
         result.latency_ms = latency[result.row]
-        if result.fixed_length is not None and args.long_latency:
+        if f"{result.row}@{args.long_length}" in latency:
             result.long_latency_ms = latency[f"{result.row}@{args.long_length}"].get(args.long_length)
     corpus, work = args.out / "data" / "corpus", args.out / "length-test"
     for result in results:
