@@ -7,9 +7,12 @@ not depend on padding or batching (docs/DESIGN.md §2.5). For unpadded input bot
 
 The config picks one of the paper's four architectures (Table 1): `block_type` gated | stack ×
 `routing` ssm | attention (docs/DESIGN.md §2.7); gated/ssm is BiGS, stack/attention is BERT. Only the
-encoder and the blocks look at them; embeddings, pooler and heads are shared.
+encoder and the blocks look at them; embeddings, pooler and heads are shared. The other encoders of the
+field are more values of the same fields (§2.8): `routing` alibi (the embeddings then have no position
+table), synthesizer-random, synthesizer-dense, `block_type` gmlp, and `mlm_head` clap (the MLM head).
 
-Shapes: B batch, L sequence, d hidden_size, I intermediate_size, N num_ssm, h num_attention_heads.
+Shapes: B batch, L sequence, d hidden_size, I intermediate_size, N num_ssm (the SSMs) or
+max_position_embeddings (the matrices over positions of gMLP and the synthesizers), h num_attention_heads.
 """
 
 from __future__ import annotations
