@@ -79,13 +79,14 @@ def cmd_init(args: argparse.Namespace) -> None:
             block_type=args.block_type,
             routing=args.routing,
             num_attention_heads=args.heads,
+            mlm_head=args.mlm_head,
             **(
                 {"id2label": dict(enumerate(labels)), "label2id": {l: i for i, l in enumerate(labels)}}
                 if labels
                 else {}
             ),
         )
-    except ValueError as error:  # e.g. heads that do not divide the hidden size
+    except ValueError as error:  # e.g. heads that do not divide the hidden size, an unknown routing
         fail("init", str(error))
     torch.manual_seed(args.seed)
     model_class = {
@@ -237,10 +238,17 @@ def cmd_export(args: argparse.Namespace) -> None:
         fail("export", f"{args.paths[0]}: not an artifact dir (no config.json)")
 
     quiet()
-    from export.build import ExportOptions, export_artifact, parse_precisions, summary
+    from export.build import ExportOptions, export_artifact, parse_precisions, resolve_buckets, summary
+    from model import BiGSConfig
 
+    buckets = [int(b) for b in args.buckets.split(",")] if args.buckets else None
+    config = BiGSConfig.from_pretrained(args.paths[0])
+    try:  # before anything is written: buckets past the model's length, or other than a fixed-N model's N
+        resolve_buckets(buckets, config.max_position_embeddings, config.fixed_length)
+    except ValueError as error:
+        fail("export", str(error))
     options = ExportOptions(
-        buckets=[int(b) for b in args.buckets.split(",")] if args.buckets else None,
+        buckets=buckets,
         formats=tuple(f.strip() for f in args.formats.split(",") if f.strip()),
         quantize=args.quantize,
         # `--quantize int8` alone is the older spelling of `--precisions int8`: int8 is all it asks for
@@ -466,9 +474,19 @@ def build_parser() -> argparse.ArgumentParser:
     init.add_argument("--layers", type=int, default=12)
     init.add_argument("--intermediate-size", type=int, default=None, help="default 3 x hidden size")
     init.add_argument("--max-length", type=int, default=4096)
-    init.add_argument("--block-type", choices=["gated", "stack"], default="gated", help="docs/DESIGN.md §2.7")
-    init.add_argument("--routing", choices=["ssm", "attention"], default="ssm", help="docs/DESIGN.md §2.7")
+    # The architecture's values are checked by BiGSConfig (one list, model/configuration_bigs.py), whose error
+    # is the command's one line.
+    init.add_argument(
+        "--block-type", default="gated", help="gated (BiGS), stack (BERT's layout) or gmlp; docs/DESIGN.md §2.7, §2.8"
+    )
+    init.add_argument(
+        "--routing",
+        default=None,
+        help="ssm, attention, alibi, synthesizer-random, synthesizer-dense (gated, stack) or spatial (gmlp, its "
+        "default); default ssm",
+    )
     init.add_argument("--heads", type=int, default=None, help="attention heads (default hidden size / 64)")
+    init.add_argument("--mlm-head", default="bert", help="bert (the published head) or clap; docs/DESIGN.md §2.8")
     init.add_argument("--labels", default=None, help="comma-separated class names (classification, tokens)")
     init.add_argument("--seed", type=int, default=0)
     init.set_defaults(func=cmd_init)

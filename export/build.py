@@ -116,9 +116,19 @@ def variants_to_write(options: ExportOptions, tokenizer: TokenizerInfo) -> tuple
     return default_precisions()
 
 
-def resolve_buckets(requested: list[int] | None, max_length: int) -> list[int]:
+def resolve_buckets(requested: list[int] | None, max_length: int, fixed_length: int | None = None) -> list[int]:
     """Requested buckets (checked), or the defaults capped at the model's length; the model's own
-    max length is added when no default reaches it, so every valid input has a bucket."""
+    max length is added when no default reaches it, so every valid input has a bucket. A model tied to
+    N positions (`BiGSConfig.fixed_length`: gMLP, the synthesizers) has the one bucket N, which holds every
+    input it can read (docs/DESIGN.md §2.8); another bucket is refused."""
+    if fixed_length is not None:
+        others = sorted(set(requested or []) - {fixed_length})
+        if others:
+            raise ValueError(
+                f"buckets {others}: this model is tied to {fixed_length} positions (a learned {fixed_length} × "
+                f"{fixed_length} matrix over positions) and is exported and served at bucket {fixed_length} only"
+            )
+        return [fixed_length]
     if requested:
         too_long = [b for b in requested if b > max_length or b < 1]
         if too_long:
@@ -192,7 +202,7 @@ def export_artifact(
     dense = read_dense(out_dir)
     embedding = SentenceEmbedding(dense).eval()  # the embeddings head: mean over real tokens [→ Dense]
     config = model.config
-    buckets = resolve_buckets(options.buckets, config.max_position_embeddings)
+    buckets = resolve_buckets(options.buckets, config.max_position_embeddings, config.fixed_length)
     tokenizer = ensure_tokenizer(out_dir, config)
     manifest = describe_artifact(artifact_dir.resolve().name, config, dense, tokenizer, buckets, options)
     manifest.source = source
@@ -329,7 +339,7 @@ def describe_artifact_dir(artifact_dir: str | Path) -> Manifest:
         raise ValueError(f"{artifact_dir} has no tokenizer.json: export it with `bigs export` (which writes BERT's "
                          "WordPiece for a BERT vocabulary) and serve the export dir")  # fmt: skip
     config = BiGSConfig.from_pretrained(str(artifact_dir))
-    buckets = resolve_buckets(None, config.max_position_embeddings)
+    buckets = resolve_buckets(None, config.max_position_embeddings, config.fixed_length)
     return describe_artifact(artifact_dir.resolve().name, config, read_dense(artifact_dir), tokenizer, buckets)
 
 
@@ -383,7 +393,7 @@ def summary(manifest: Manifest, out_dir: str | Path) -> str:
     lines.append(f"  heads {', '.join(manifest.heads)}; buckets {manifest.buckets}")
     if manifest.onnx is not None:
         for bucket, e in manifest.onnx.buckets.items():
-            form = "attention (no SSM)" if e.ssm_formulation is None else e.ssm_formulation
+            form = "no SSM" if e.ssm_formulation is None else e.ssm_formulation
             form += f" (chunk {e.chunk})" if e.chunk else ""
             line = f"  onnx {bucket:>5}: {form:<20} {parity.describe(e)}"
             if e.int8 is not None and e.int8.accuracy is not None:

@@ -109,7 +109,7 @@ class Int8Accuracy(_Section):
 
 class OnnxGraph(Measured):
     file: str
-    ssm_formulation: str | None  # None: attention routing, no SSM
+    ssm_formulation: str | None  # None: a routing without SSM (attention, ALiBi, synthesizers, gMLP)
     chunk: int | None
     shared_initializers: list[str]
     op_types: dict[str, int]

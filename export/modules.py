@@ -64,7 +64,7 @@ CHUNK_128_MAX_LENGTH = 2048
 @dataclass(frozen=True)
 class Formulation:
     """How one bucket computes its SSM convolutions: "toeplitz", or "chunked" with `chunk`; `name` None for
-    a model with attention routing, which has no SSM (docs/DESIGN.md §2.7)."""
+    a model whose routing has no SSM (attention, ALiBi, the synthesizers, gMLP; docs/DESIGN.md §2.7, §2.8)."""
 
     name: str | None
     chunk: int | None = None
@@ -75,7 +75,7 @@ class Formulation:
 
 def formulation_for(length: int, routing: str = "ssm") -> Formulation:
     """The fastest measured form on ORT CPU for sequence length `length` (docs/DESIGN.md §3 tables); none
-    for attention routing, so the manifest records no SSM form for a model that has no SSM."""
+    for any other routing, so the manifest records no SSM form for a model that has no SSM."""
     if routing != "ssm":
         return Formulation(None)
     if length <= TOEPLITZ_MAX_LENGTH:

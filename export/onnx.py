@@ -45,9 +45,10 @@ from .manifest import OnnxSection
 from .modules import Formulation, SentenceEmbedding, export_wrapper, formulation_for, frozen_ssms
 
 ONNX_OPSET = 20  # Gelu is a native op from opset 20
-# Models with attention routing (docs/DESIGN.md §2.7): from opset 23 the exporter writes
+# Models with attention routing (docs/DESIGN.md §2.7; ALiBi's too, §2.8): from opset 23 the exporter writes
 # scaled_dot_product_attention as one ONNX `Attention` node, one kernel in ONNX Runtime (§3.7).
 ATTENTION_OPSET = 23
+ATTENTION_ROUTINGS = ("attention", "alibi")
 WEIGHTS_FILE = "weights.bin"
 MIN_SHARED_BYTES = 1024  # smaller initializers stay inside each graph
 ALIGN = 64  # every tensor starts 64-byte aligned (SIMD loads straight from the mapped file)
@@ -71,7 +72,7 @@ OFFLINE_OPTIMIZATION_LEVEL = "ORT_ENABLE_EXTENDED"
 
 
 def opset_for(model: torch.nn.Module) -> int:
-    return ATTENTION_OPSET if getattr(model.config, "routing", "ssm") == "attention" else ONNX_OPSET
+    return ATTENTION_OPSET if getattr(model.config, "routing", "ssm") in ATTENTION_ROUTINGS else ONNX_OPSET
 
 
 def example_inputs(wrapper: torch.nn.Module, length: int, batch: int = 2, positions: int = 3) -> tuple:

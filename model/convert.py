@@ -9,6 +9,7 @@ without importing torch, and the service can read either. The mapping is by name
            bigs.encoder.layer.{i}.fs4.kernel.A_re           s4_bert/encoder/layer/{i}/fs4/A_re
            bigs.encoder.layer.{i}.fs4.D                     s4_bert/encoder/layer/{i}/fs4/D
            cls.predictions.*, classifier.*                  cls/predictions/*, classifier/*
+           …sgu.spatial.weight (gMLP, W over positions)    …/sgu/spatial/kernel (transposed, as any dense)
            qa_outputs.*                                     qa_outputs/*   (question answering)
 
 The heads' own layers (`classifier` of sequence and token classification, `qa_outputs`) follow the
@@ -110,10 +111,11 @@ def flax_to_torch(params: Mapping) -> dict[str, np.ndarray]:
     for path, value in _flatten(params).items():
         key, transpose = flax_path_to_torch_key(path)
         state[key] = np.ascontiguousarray(value.T if transpose else value)
-    if "cls.predictions.bias" in state:
+    if any(key.startswith("cls.predictions.") for key in state):  # an MLM head: the BERT head's or CLAP's
         if "cls.predictions.decoder.weight" not in state:  # tied: the decoder is the word embedding
             state["cls.predictions.decoder.weight"] = state[f"{TORCH_PREFIX}.embeddings.word_embeddings.weight"]
-        state["cls.predictions.decoder.bias"] = state["cls.predictions.bias"]
+        if "cls.predictions.bias" in state:  # the CLAP head has no output bias
+            state["cls.predictions.decoder.bias"] = state["cls.predictions.bias"]
     return state
 
 

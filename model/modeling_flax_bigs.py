@@ -26,7 +26,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from .configuration_bigs import BiGSConfig
+from .configuration_bigs import CLAP_INITIAL_BETA, SPATIAL_INIT_SCALE, BiGSConfig, alibi_slopes
 
 
 def exact_gelu(x):
@@ -196,8 +196,25 @@ def _dense(module: nn.Module, features: int, **kwargs):
     )
 
 
+def alibi_bias(num_heads: int, length: int):
+    """(h, L, L) float32 ALiBi bias, nonsymmetric with offset; the twin of modeling_bigs.alibi_bias."""
+    positions = jnp.arange(length)
+    ahead = positions[None, :] - positions[:, None]  # j − i
+    distance = jnp.abs(ahead).astype(jnp.float32) - 0.5 * (ahead > 0).astype(jnp.float32)
+    slopes = jnp.asarray(alibi_slopes(num_heads), dtype=jnp.float32)
+    return -slopes[:, None, None] * distance
+
+
+def softmax_over_real_keys(scores, real_tokens):
+    """softmax over the last axis of float32 scores (…, L) with pad keys at the float32 minimum (zero weight;
+    a row with no real key stays finite), as the torch model's additive pad bias."""
+    scores = jnp.where(real_tokens[:, None, None, :] > 0, scores, jnp.finfo(jnp.float32).min)
+    return jax.nn.softmax(scores, axis=-1)
+
+
 class FlaxBiGSSelfAttention(nn.Module):
-    """Bidirectional multi-head self-attention, pad keys masked; see BiGSSelfAttention (torch)."""
+    """Bidirectional multi-head self-attention, pad keys masked (with ALiBi's biases when routing="alibi");
+    see BiGSSelfAttention (torch)."""
 
     config: BiGSConfig
     dtype: jnp.dtype = jnp.float32
@@ -219,9 +236,59 @@ class FlaxBiGSSelfAttention(nn.Module):
         # Scores and softmax in float32 whatever the compute dtype; pad keys get the float32 minimum
         # (zero weight; a row with no real key stays finite), as the torch model's additive bias.
         scores = jnp.einsum("bqhc,bkhc->bhqk", q, k).astype(jnp.float32) / math.sqrt(d // heads)
-        scores = jnp.where(real_tokens[:, None, None, :] > 0, scores, jnp.finfo(jnp.float32).min)
-        weights = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
+        if self.config.routing == "alibi":
+            scores = scores + alibi_bias(heads, H.shape[1])[None]
+        weights = softmax_over_real_keys(scores, real_tokens).astype(v.dtype)
         return jnp.einsum("bhqk,bkhc->bqhc", weights, v).reshape(H.shape[:2] + (d,))
+
+
+def synthetic_attention(scores, values, real_tokens, num_heads: int):
+    """softmax(scores + pad bias) V per head: float32 scores (B or 1, h, L, L), values (B, L, d) → (B, L, d);
+    the twin of modeling_bigs.synthetic_attention."""
+    B, L, d = values.shape
+    weights = softmax_over_real_keys(scores, real_tokens).astype(values.dtype)
+    v = values.reshape(B, L, num_heads, d // num_heads)
+    return jnp.einsum("bhqk,bkhc->bqhc", jnp.broadcast_to(weights, (B,) + weights.shape[1:]), v).reshape(B, L, d)
+
+
+class FlaxBiGSRandomSynthesizer(nn.Module):
+    """A learned (h, N, N) alignment, softmaxed, over the values; see BiGSRandomSynthesizer (torch)."""
+
+    config: BiGSConfig
+    dtype: jnp.dtype = jnp.float32
+    matmul_dtype: jnp.dtype | None = None
+
+    def setup(self):
+        c = self.config
+        shape = (c.num_attention_heads, c.max_position_embeddings, c.max_position_embeddings)
+        self.alignment = self.param("alignment", nn.initializers.normal(c.initializer_range), shape)
+        self.value = _dense(self, c.hidden_size)
+
+    def __call__(self, H, real_tokens):
+        L = H.shape[1]
+        scores = self.alignment[None, :, :L, :L].astype(jnp.float32)  # (1, h, L, L)
+        return synthetic_attention(scores, self.value(H), real_tokens, self.config.num_attention_heads)
+
+
+class FlaxBiGSDenseSynthesizer(nn.Module):
+    """Each token's alignment row from a two-layer MLP; see BiGSDenseSynthesizer (torch)."""
+
+    config: BiGSConfig
+    dtype: jnp.dtype = jnp.float32
+    matmul_dtype: jnp.dtype | None = None
+
+    def setup(self):
+        c = self.config
+        self.alignment_in = _dense(self, c.hidden_size)
+        self.alignment_out = _dense(self, c.num_attention_heads * c.max_position_embeddings)
+        self.value = _dense(self, c.hidden_size)
+
+    def __call__(self, H, real_tokens):
+        c = self.config
+        B, L, _ = H.shape
+        scores = self.alignment_out(jax.nn.relu(self.alignment_in(H))).astype(jnp.float32)  # (B, L, h·N)
+        scores = scores.reshape(B, L, c.num_attention_heads, c.max_position_embeddings)[..., :L]
+        return synthetic_attention(scores.transpose(0, 2, 1, 3), self.value(H), real_tokens, c.num_attention_heads)
 
 
 class FlaxBiGSBidirectionalSSM(nn.Module):
@@ -256,8 +323,18 @@ class FlaxBiGSSublayerOutput(nn.Module):
             self.LayerNorm = nn.LayerNorm(epsilon=self.config.layer_norm_eps, dtype=self.dtype)
 
 
+# The mixer of each routing of a gated or stack block; see ROUTING_MIXERS (torch).
+FLAX_ROUTING_MIXERS = {
+    "ssm": FlaxBiGSBidirectionalSSM,
+    "attention": FlaxBiGSSelfAttention,
+    "alibi": FlaxBiGSSelfAttention,
+    "synthesizer-random": FlaxBiGSRandomSynthesizer,
+    "synthesizer-dense": FlaxBiGSDenseSynthesizer,
+}
+
+
 class FlaxBiGSRouting(nn.Module):
-    """mixer `self` (attention or the SSM pair) → `output.dense`; see BiGSRouting (torch)."""
+    """mixer `self` (attention, a synthesizer or the SSM pair) → `output.dense`; see BiGSRouting (torch)."""
 
     config: BiGSConfig
     layer_norm: bool = True
@@ -265,7 +342,7 @@ class FlaxBiGSRouting(nn.Module):
     matmul_dtype: jnp.dtype | None = None
 
     def setup(self):
-        mixer = FlaxBiGSSelfAttention if self.config.routing == "attention" else FlaxBiGSBidirectionalSSM
+        mixer = FLAX_ROUTING_MIXERS[self.config.routing]
         self.self = mixer(self.config, dtype=self.dtype, matmul_dtype=self.matmul_dtype)
         self.output = FlaxBiGSSublayerOutput(
             self.config, layer_norm=self.layer_norm, dtype=self.dtype, matmul_dtype=self.matmul_dtype
@@ -345,10 +422,10 @@ class FlaxBiGSStackLayer(nn.Module):
     def setup(self):
         c = self.config
         routing = FlaxBiGSRouting(c, layer_norm=True, dtype=self.dtype, matmul_dtype=self.matmul_dtype)
-        if c.routing == "attention":  # the parameter tree's names: attention/… or ssm/…
-            self.attention = routing
-        else:
+        if c.routing == "ssm":  # the parameter tree's names: ssm/… or attention/… (routing_attribute, torch)
             self.ssm = routing
+        else:
+            self.attention = routing
         self.intermediate = FlaxBiGSIntermediate(c, dtype=self.dtype, matmul_dtype=self.matmul_dtype)
         self.output = FlaxBiGSSublayerOutput(c, layer_norm=True, dtype=self.dtype, matmul_dtype=self.matmul_dtype)
 
@@ -358,12 +435,71 @@ class FlaxBiGSStackLayer(nn.Module):
         return norm(X + sublayer(X))
 
     def __call__(self, X, real_tokens):
-        routing = self.attention if self.config.routing == "attention" else self.ssm
+        routing = self.ssm if self.config.routing == "ssm" else self.attention
         X = self.residual(X, lambda H: routing(H, real_tokens), routing.norm)
         return self.residual(X, lambda H: self.output.dense(self.intermediate(H)), self.output.LayerNorm)
 
 
-FLAX_LAYER_CLASSES = {"gated": FlaxBiGSLayer, "stack": FlaxBiGSStackLayer}
+def spatial_kernel_init(key, shape, dtype=jnp.float32):
+    """gMLP's W near zero: uniform in ±SPATIAL_INIT_SCALE / N, as the torch model's init."""
+    scale = SPATIAL_INIT_SCALE / shape[0]
+    return jax.random.uniform(key, shape, dtype, -scale, scale)
+
+
+class FlaxBiGSSpatialProjection(nn.Module):
+    """W[:L, :L] Z + b[:L] over positions; see BiGSSpatialProjection (torch). W is stored as `kernel`
+    (in position, out position), the transpose of torch's `weight`, as every dense kernel is (model/convert.py)."""
+
+    config: BiGSConfig
+    dtype: jnp.dtype = jnp.float32
+
+    @nn.compact
+    def __call__(self, Z):
+        N, L = self.config.max_position_embeddings, Z.shape[1]
+        kernel = self.param("kernel", spatial_kernel_init, (N, N))
+        bias = self.param("bias", nn.initializers.ones, (N,))
+        return jnp.einsum("ji,bjc->bic", kernel[:L, :L].astype(Z.dtype), Z) + bias[:L, None].astype(Z.dtype)
+
+
+class FlaxBiGSSpatialGatingUnit(nn.Module):
+    """s(Z) = Z1 ⊙ (W LN(Z2) + b), pad positions of LN(Z2) zeroed; see BiGSSpatialGatingUnit (torch)."""
+
+    config: BiGSConfig
+    dtype: jnp.dtype = jnp.float32
+    matmul_dtype: jnp.dtype | None = None
+
+    @nn.compact
+    def __call__(self, Z, real_tokens):
+        Z1, Z2 = jnp.split(Z, 2, axis=-1)
+        Z2 = nn.LayerNorm(epsilon=self.config.layer_norm_eps, dtype=self.dtype, name="LayerNorm")(Z2)
+        Z2 = Z2 * real_tokens.astype(Z2.dtype)[..., None]
+        return Z1 * FlaxBiGSSpatialProjection(self.config, dtype=self.dtype, name="spatial")(Z2)
+
+
+class FlaxBiGSGMLPLayer(nn.Module):
+    """One gMLP block; see BiGSGMLPLayer in modeling_bigs.py for the equations."""
+
+    config: BiGSConfig
+    dtype: jnp.dtype = jnp.float32
+    matmul_dtype: jnp.dtype | None = None
+
+    def setup(self):
+        c = self.config
+        self.LayerNorm = nn.LayerNorm(epsilon=c.layer_norm_eps, dtype=self.dtype)
+        self.proj_in = _dense(self, c.intermediate_size)
+        self.sgu = FlaxBiGSSpatialGatingUnit(c, dtype=self.dtype, matmul_dtype=self.matmul_dtype)
+        self.proj_out = _dense(self, c.hidden_size)
+
+    def gated_mlp(self, H, real_tokens):
+        return self.proj_out(self.sgu(exact_gelu(self.proj_in(H)), real_tokens))
+
+    def __call__(self, X, real_tokens):
+        if self.config.pre_norm:
+            return X + self.gated_mlp(self.LayerNorm(X), real_tokens)
+        return self.LayerNorm(X + self.gated_mlp(X, real_tokens))
+
+
+FLAX_LAYER_CLASSES = {"gated": FlaxBiGSLayer, "stack": FlaxBiGSStackLayer, "gmlp": FlaxBiGSGMLPLayer}
 
 
 class FlaxBiGSLayerCollection(nn.Module):
@@ -411,7 +547,8 @@ class FlaxBiGSEmbeddings(nn.Module):
         embed = partial(nn.Embed, features=c.hidden_size, embedding_init=nn.initializers.normal(c.initializer_range))
         X = embed(c.vocab_size, name="word_embeddings")(input_ids.astype("i4"))
         X = X + embed(c.type_vocab_size, name="token_type_embeddings")(token_type_ids.astype("i4"))
-        X = X + embed(c.max_position_embeddings, name="position_embeddings")(position_ids.astype("i4"))
+        if c.has_position_embeddings:  # none with ALiBi (docs/DESIGN.md §2.8)
+            X = X + embed(c.max_position_embeddings, name="position_embeddings")(position_ids.astype("i4"))
         X = nn.LayerNorm(epsilon=c.layer_norm_eps, dtype=self.dtype, name="LayerNorm")(X)
         return nn.Dropout(rate=c.hidden_dropout_prob)(X, deterministic=deterministic)
 
@@ -559,6 +696,28 @@ class FlaxBiGSForMaskedLMModule(nn.Module):
         return (logits, all_hidden) if output_hidden_states else logits
 
 
+class FlaxBiGSClapPredictionHead(nn.Module):
+    """β · h · normalize(E)ᵀ over the tied word embeddings E; see BiGSClapPredictionHead (torch)."""
+
+    config: BiGSConfig
+    dtype: jnp.dtype = jnp.float32
+    matmul_dtype: jnp.dtype | None = None
+
+    @nn.compact
+    def __call__(self, hidden_states, shared_embedding=None):
+        if shared_embedding is None:
+            raise ValueError("the CLAP head scores against the tied word embeddings: none were given")
+        beta = self.param("beta", nn.initializers.constant(CLAP_INITIAL_BETA), (1,))
+        # F.normalize's form: each row over max(‖row‖, 1e-12)
+        norms = jnp.sqrt(jnp.sum(shared_embedding * shared_embedding, axis=-1, keepdims=True))
+        unit = shared_embedding / jnp.maximum(norms, 1e-12)
+        if self.matmul_dtype is None:
+            logits = hidden_states @ unit.T.astype(self.dtype)
+        else:
+            logits = matmul_in(hidden_states, unit.T, self.matmul_dtype).astype(self.dtype)
+        return beta.astype(self.dtype) * logits
+
+
 class FlaxBiGSOnlyMLMHead(nn.Module):
     config: BiGSConfig
     dtype: jnp.dtype = jnp.float32
@@ -566,9 +725,10 @@ class FlaxBiGSOnlyMLMHead(nn.Module):
 
     @nn.compact
     def __call__(self, hidden_states, shared_embedding=None):
-        return FlaxBiGSLMPredictionHead(
-            self.config, dtype=self.dtype, matmul_dtype=self.matmul_dtype, name="predictions"
-        )(hidden_states, shared_embedding)
+        head = FlaxBiGSClapPredictionHead if self.config.mlm_head == "clap" else FlaxBiGSLMPredictionHead
+        return head(self.config, dtype=self.dtype, matmul_dtype=self.matmul_dtype, name="predictions")(
+            hidden_states, shared_embedding
+        )
 
 
 class FlaxBiGSEncoderModelModule(nn.Module):

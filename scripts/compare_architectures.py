@@ -1,8 +1,11 @@
-"""The paper's controlled comparison, run (docs/DESIGN.md §2.7): the four rows of Table 1 (block gated |
-stack × routing ssm | attention), trained by the same recipe on the same data, served by the same runtime.
+"""The paper's controlled comparison, run (docs/DESIGN.md §2.7), and the other encoders of the field beside it
+(§2.8): the four rows of Table 1 (block gated | stack × routing ssm | attention), ALiBi attention with the CLAP
+head, the CLAP head on BiGS, gMLP and the random and dense Synthesizers, trained by the same recipe on the same
+data, served by the same runtime.
 
-    python scripts/compare_architectures.py [--out runs/compare] [--rows gated-ssm,stack-attention]
+    python scripts/compare_architectures.py [--out runs/compare] [--rows gated-ssm,stack-alibi-clap]
         [--buckets 128,512,4096] [--reps 5] [--set KEY=VALUE …] [--pretrain-set KEY=VALUE …]
+        [--lengths 128,512,1024,2048,4096] [--length-test-tokens 65536] [--long-length 4096] [--long-latency]
         [--report docs/COMPARISON.md]
 
 Per row, each stage through the `bigs` command line, as a user would run it (stages meet only
@@ -11,21 +14,37 @@ through their dirs, docs/DESIGN.md §1.1):
   2. `bigs train extend --config training/recipes/compare-extend.toml`  512 tokens, positions to 4,096
   3. `bigs train classify --config training/recipes/compare-news.toml`  BBC News topics
   4. `bigs export` of the classifier (ONNX, the given buckets)
+A row tied to N positions (gMLP, the Synthesizers: a learned N × N matrix over positions, N = 128) has no
+stage 2 (an extension is refused: it has no weights for another length), is fine-tuned at its N (stage 3
+cuts to the model's length) and exported at the one bucket N.
 Every row reads the same prepared corpus (one `data.data_dir` for stages 1–2, one for stage 3).
 Then the serving latency: each row's ONNX Runtime sessions as the service loads them
 (`export.onnx_runtime.load_sessions`), one full-length sequence per call, rows interleaved call by
-call so that a noisy neighbour slows every row alike; the median of `--reps` calls per bucket.
+call so that a noisy neighbour slows every row alike; the median of `--reps` calls per bucket, over the
+rows that have the bucket.
 
-Writes OUT/comparison.json and OUT/COMPARISON.md: per row the encoder's parameters, tokens seen,
-held-out masked-token accuracy (after pretraining at 128 tokens, and after extension at 512),
-fine-tuned topic accuracy and macro-F1 on the held-out test split (and the majority-class
-baseline), training wall time, and the latency per bucket with its ratio to gated/ssm; `--report`
-writes the table to a second place too (docs/COMPARISON.md holds the last full run). A stage whose
-output exists is not run again (delete its dir to redo it): run again on trained rows, the command
-only re-reads the cards and re-measures the latency, e.g. on a quieter machine. `--set` overrides go
-to every stage, `--pretrain-set` to pretraining and extension (the unlabelled corpus; model sizes),
-e.g. a smoke run: `--set num_steps=3 --pretrain-set 'data.sources=["kjv"]'`. The table lists what
-was overridden.
+The length test: every length-flexible row's extended model (stage 2: trained at 128, then 512) scores
+held-out masked tokens at each of `--lengths` (128 and 512, the lengths it was trained at, then 1,024 to
+4,096) without further training: the corpus's test split packed at that
+length (its first `--length-test-tokens` tokens, the same text at every length), masked as training masks
+with the held-out seed, run by the training module's Flax model (`bigs eval`'s ArtifactModel). The
+absolute-position rows read past 512 through the extension's tiled position table, ALiBi through its
+distance biases. A row tied to N is not length-flexible; the table says instead what reading
+`--long-length` tokens would cost it: its encoder's parameters at N = `--long-length` (counted on a model
+built on torch's meta device, no memory), and with `--long-latency` the latency of an untrained classifier
+built at that N and exported at that one bucket, timed with the others (a cost of the architecture, not of
+its weights).
+
+Writes OUT/comparison.json, OUT/COMPARISON.md and OUT/length_curve.png: per row the encoder's parameters,
+tokens seen, held-out masked-token accuracy (after pretraining at 128 tokens, and after extension at 512),
+fine-tuned topic accuracy and macro-F1 on the held-out test split (and the majority-class baseline),
+training wall time, the latency per bucket with its ratio to gated/ssm, the length test, and the cost of
+`--long-length` tokens; `--report` writes the table to a second place too (docs/COMPARISON.md holds the last
+full run; its plot beside it as docs/length_curve.png). A stage whose output exists is not run again (delete
+its dir to redo it): run again on trained rows, the command only re-reads the cards, re-scores the length test
+and re-measures the latency, e.g. on a quieter machine. `--set` overrides go to every stage, `--pretrain-set` to
+pretraining and extension (the unlabelled corpus; model sizes), e.g. a smoke run: `--set num_steps=3
+--pretrain-set 'data.sources=["kjv"]'`. The table lists what was overridden.
 """
 
 from __future__ import annotations
@@ -38,6 +57,7 @@ import statistics
 import subprocess
 import sys
 import time
+import tomllib
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -47,13 +67,16 @@ sys.path.insert(0, str(ROOT))  # run as a script from a checkout: `export` is th
 from export.cpu import cpu_description  # noqa: E402
 
 RECIPES = ROOT / "training" / "recipes"
-ROWS = ("gated-ssm", "gated-attention", "stack-ssm", "stack-attention")
+TABLE_1 = ("gated-ssm", "gated-attention", "stack-ssm", "stack-attention")  # the paper's four rows
+ROWS = (*TABLE_1, "stack-alibi-clap", "gated-ssm-clap", "gmlp", "stack-synthesizer-random", "stack-synthesizer-dense")
 BASELINE = "gated-ssm"
+LENGTH_TEST_BATCH_TOKENS = 8192  # tokens a length-test batch holds (a row of 4,096 tokens: batches of 2)
 
 
 @dataclass
 class RowResult:
     row: str
+    fixed_length: int | None = None  # N of a row tied to N positions; None: length-flexible
     encoder_parameters: int = 0
     total_parameters: int = 0
     tokens_seen: int = 0
@@ -64,6 +87,15 @@ class RowResult:
     topic_f1_macro: float | None = None
     topic_majority_baseline: float | None = None
     latency_ms: dict[int, float] = field(default_factory=dict)
+    # The length test: held-out masked-token accuracy at each length, no training past 512 (flexible rows).
+    length_accuracy: dict[int, float] = field(default_factory=dict)
+    length_masked_tokens: dict[int, int] = field(default_factory=dict)  # how many masked tokens each scored
+    # What reading --long-length tokens costs: encoder parameters at that length (a fixed-N row built at N = it),
+    # and with --long-latency the latency of an untrained build at that N (fixed-N rows).
+    long_length: int | None = None
+    long_encoder_parameters: int | None = None
+    long_latency_ms: float | None = None
+    long_build_failure: str | None = None  # why the build at that N could not be exported, if it could not
 
 
 def bigs(*args: str) -> None:
@@ -93,54 +125,163 @@ def parameters(artifact: Path) -> tuple[int, int]:
     return encoder, sum(v.size for v in tensors.values())
 
 
-def run_row(row: str, out: Path, args) -> tuple[RowResult, Path]:
+def config_of(artifact: Path):
+    from model import BiGSConfig
+
+    return BiGSConfig.from_pretrained(str(artifact))
+
+
+def run_row(row: str, out: Path, args) -> tuple[RowResult, Path, Path | None]:
+    """Train, fine-tune and export one row: (its result so far, its export dir, its extended MLM artifact, None
+    for a row tied to N positions, which is not extended)."""
     corpus, news = out / "data" / "corpus", out / "data" / "news"
     common = list(args.set)
     pretrain = [f"data.data_dir={corpus}", *common, *args.pretrain_set]
     mlm = train("mlm", f"compare-{row}.toml", out / row / "mlm", pretrain)
-    extended = train("extend", "compare-extend.toml", out / row / "extend", [f"init_from={mlm}", *pretrain])
+    fixed_length = config_of(mlm).fixed_length
+    extended = None
+    if fixed_length is None:
+        extended = train("extend", "compare-extend.toml", out / row / "extend", [f"init_from={mlm}", *pretrain])
     classifier = train(
-        "classify", "compare-news.toml", out / row / "news", [f"init_from={extended}", f"data.data_dir={news}", *common]
+        "classify",
+        "compare-news.toml",
+        out / row / "news",
+        [f"init_from={extended or mlm}", f"data.data_dir={news}", *common],
     )
     export_dir = out / row / "export"
+    buckets = args.buckets if fixed_length is None else str(fixed_length)
     if not (export_dir / "manifest.json").is_file():
         bigs(
             "export",
             str(classifier),
             str(export_dir),
             "--buckets",
-            args.buckets,
+            buckets,
             "--formats",
             "onnx",
             "--precisions",
             "none",
         )
-    cards = [card(a) for a in (mlm, extended, classifier)]
+    cards = [card(a) for a in (mlm, extended, classifier) if a is not None]
     encoder, total = parameters(mlm)
     result = RowResult(
         row=row,
+        fixed_length=fixed_length,
         encoder_parameters=encoder,
         total_parameters=total,
-        tokens_seen=sum(c.get("tokens_seen", 0) for c in cards[:2]),
+        tokens_seen=sum(c.get("tokens_seen", 0) for c in cards[:-1]),
         train_wall_time_s=sum(c.get("train_wall_time_s", 0.0) for c in cards),
         masked_token_accuracy_128=cards[0]["held_out"].get("eval_accuracy"),
-        masked_token_accuracy_512=cards[1]["held_out"].get("eval_accuracy"),
-        topic_accuracy=cards[2]["held_out"].get("test_accuracy"),
-        topic_f1_macro=cards[2]["held_out"].get("test_f1_macro"),
-        topic_majority_baseline=cards[2].get("majority_baseline_test", {}).get("accuracy"),
+        masked_token_accuracy_512=None if extended is None else cards[1]["held_out"].get("eval_accuracy"),
+        topic_accuracy=cards[-1]["held_out"].get("test_accuracy"),
+        topic_f1_macro=cards[-1]["held_out"].get("test_f1_macro"),
+        topic_majority_baseline=cards[-1].get("majority_baseline_test", {}).get("accuracy"),
     )
-    return result, export_dir
+    return result, export_dir, extended
+
+
+# --------------------------------------------------------------------------------------------
+# The length test and the cost of a long input
+# --------------------------------------------------------------------------------------------
+
+
+def length_test_split(corpus: Path, length: int, work: Path):
+    """The corpus's test split packed at `length` tokens, into `work` (the corpus dir itself is left as training
+    packed it): the same token store at every length, so every length reads the same text."""
+    from training.data import PackedDataset
+    from training.data.packing import pack_store
+
+    packed = work / f"test-{length}"
+    if not (packed / "index.json").is_file():
+        pack_store(corpus / "tokens" / "test", packed, length)
+    return PackedDataset(packed)
+
+
+def length_test(extended: Path, corpus: Path, lengths: list[int], tokens: int, work: Path) -> tuple[dict, dict]:
+    """({length: held-out masked-token accuracy}, {length: masked tokens scored}) of an extended MLM artifact,
+    no training: `tokens` tokens of the corpus's test split at each length the model can read."""
+    from training.evaluation import ArtifactModel, masked_token_hits
+
+    model = ArtifactModel(extended)
+    accuracy, counted = {}, {}
+    for length in lengths:
+        if length > model.max_length:
+            print(f"length test: {extended} reads at most {model.max_length} tokens, not {length}")
+            continue
+        split = length_test_split(corpus, length, work)
+        rows = min(len(split), max(1, tokens // length))
+        hits, masked = masked_token_hits(model, split, rows, max(1, LENGTH_TEST_BATCH_TOKENS // length))
+        accuracy[length], counted[length] = hits / max(masked, 1), masked
+        print(f"length test: {extended} at {length}: {accuracy[length]:.4f} over {masked} masked tokens", flush=True)
+    return accuracy, counted
+
+
+def recipe_model(row: str, overrides: list[str]) -> dict:
+    """The `[model]` section of a row's pretraining recipe with `--pretrain-set model.*` overrides applied."""
+    from training.config import apply_overrides
+
+    values = tomllib.loads((RECIPES / f"compare-{row}.toml").read_text())
+    return apply_overrides(values, [o for o in overrides if o.startswith("model.")])["model"]
+
+
+def long_config(row: str, length: int, overrides: list[str], num_labels: int = 5):
+    """The classifier config of `row`'s recipe built at `length` positions (N = length for a fixed-N row)."""
+    from model import BiGSConfig
+
+    model = recipe_model(row, overrides)
+    model["max_position_embeddings"] = length
+    model.pop("tile_positions_from", None)
+    return BiGSConfig(vocab_size=30522, num_labels=num_labels, **model)
+
+
+def encoder_parameters_at(config) -> int:
+    """The encoder's parameter count of `config`, counted on torch's meta device (no memory: an N × N model at
+    N = 4,096 would hold hundreds of millions)."""
+    import torch
+
+    from model import BiGSForSequenceClassification
+
+    with torch.device("meta"):
+        model = BiGSForSequenceClassification(config)
+    return sum(p.numel() for name, p in model.named_parameters() if ".encoder." in name)
+
+
+def long_build(row: str, length: int, out: Path, overrides: list[str]) -> Path:
+    """An untrained classifier of `row` at N = `length`, exported at that one bucket (its latency is the
+    architecture's, whatever its weights)."""
+    import torch
+
+    from model import BiGSForSequenceClassification
+    from model.tokenizer import save_tokenizer
+
+    export_dir = out / row / f"export-untrained-{length}"
+    if (export_dir / "manifest.json").is_file():
+        return export_dir
+    artifact = out / row / f"untrained-{length}"
+    torch.manual_seed(0)
+    BiGSForSequenceClassification(long_config(row, length, overrides)).save_pretrained(artifact)
+    save_tokenizer(artifact, model_max_length=length)
+    bigs(
+        "export", str(artifact), str(export_dir), "--buckets", str(length), "--formats", "onnx", "--precisions", "none"
+    )
+    return export_dir
+
+
+# --------------------------------------------------------------------------------------------
+# Latency
+# --------------------------------------------------------------------------------------------
 
 
 def measure_latency(exports: dict[str, Path], reps: int, threads: int) -> dict[str, dict[int, float]]:
-    """Median ms per bucket and row, batch 1, every position a real token; rows interleaved per call."""
+    """Median ms per bucket and row, batch 1, every position a real token; at each bucket the rows that have
+    it, interleaved per call."""
     import numpy as np
 
     from export.onnx_runtime import load_sessions
 
     sessions = {row: load_sessions(path, intra_op_threads=threads) for row, path in exports.items()}
-    buckets = sorted(set.intersection(*(set(s) for s in sessions.values())))
-    times: dict[str, dict[int, list[float]]] = {row: {b: [] for b in buckets} for row in sessions}
+    buckets = sorted(set().union(*(set(s) for s in sessions.values())))
+    times: dict[str, dict[int, list[float]]] = {row: {} for row in sessions}
     rng = np.random.default_rng(0)
     for bucket in buckets:
         feeds = {
@@ -148,16 +289,22 @@ def measure_latency(exports: dict[str, Path], reps: int, threads: int) -> dict[s
             "attention_mask": np.ones((1, bucket), np.int64),
             "token_type_ids": np.zeros((1, bucket), np.int64),
         }
-        order = list(sessions)
-        for session in (s[bucket] for s in sessions.values()):  # warm-up
+        order = [row for row in sessions if bucket in sessions[row]]
+        for row in order:  # warm-up
+            session = sessions[row][bucket]
             session.run(None, {i.name: feeds[i.name] for i in session.get_inputs()})
         for rep in range(reps):
             for row in order if rep % 2 == 0 else reversed(order):
                 session = sessions[row][bucket]
                 started = time.perf_counter()
                 session.run(None, {i.name: feeds[i.name] for i in session.get_inputs()})
-                times[row][bucket].append(time.perf_counter() - started)
+                times[row].setdefault(bucket, []).append(time.perf_counter() - started)
     return {row: {b: 1e3 * statistics.median(v) for b, v in per.items()} for row, per in times.items()}
+
+
+# --------------------------------------------------------------------------------------------
+# The report
+# --------------------------------------------------------------------------------------------
 
 
 def percent(x: float | None) -> str:
@@ -172,7 +319,7 @@ def table(results: list[RowResult], args, environment: dict) -> str:
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in results:
         cells = [r.row, f"{r.encoder_parameters:,}", f"{r.tokens_seen:,}", percent(r.masked_token_accuracy_128)]
-        cells += [percent(r.masked_token_accuracy_512)]
+        cells += [f"n/a (tied to N = {r.fixed_length})" if r.fixed_length else percent(r.masked_token_accuracy_512)]
         cells += [f"{percent(r.topic_accuracy)} ({percent(r.topic_majority_baseline)})", percent(r.topic_f1_macro)]
         cells += [f"{r.train_wall_time_s:.0f} s"]
         for b in buckets:
@@ -184,63 +331,185 @@ def table(results: list[RowResult], args, environment: dict) -> str:
     overrides = overrides or "none, the recipes as written"
     return "\n".join(
         [
-            "# The four architectures, compared",
+            "# The encoders, compared",
             "",
-            "Generated by `scripts/compare_architectures.py` (docs/DESIGN.md §2.7). Recipes:",
-            "`training/recipes/compare-<row>.toml`, then `compare-extend.toml` and `compare-news.toml`.",
+            "Generated by `scripts/compare_architectures.py` (docs/DESIGN.md §2.7, §2.8). Recipes:",
+            "`training/recipes/compare-<row>.toml`, then `compare-extend.toml` (length-flexible rows) and "
+            "`compare-news.toml`.",
             f"Overrides: {overrides}.",
             "",
             *lines,
             "",
             f"Latency: ONNX Runtime as the service loads it, batch 1, every position a real token, "
             f"{args.threads} intra-op threads, median of {args.reps} calls, rows interleaved; "
-            f"CPU: {environment['cpu']} ({environment['cores']} cores visible).",
-            "Accuracies are on held-out data: masked tokens of held-out documents, the BBC News test split. "
-            "Train time is the wall time of the three stages on the machine as it was when they ran.",
+            f"CPU: {environment['cpu']} ({environment['cores']} cores visible). A row tied to N positions is "
+            "exported and served at its N alone (–: no such bucket).",
+            "Accuracies are on held-out data: masked tokens of held-out documents, the BBC News test split (a row "
+            "tied to N = 128 is fine-tuned and tested on the first 128 tokens of each article, the others on 512). "
+            "Train time is the wall time of the stages on the machine as it was when they ran.",
             "",
+            *length_section(results, args),
+            *long_section(results, args),
         ]
     )
+
+
+def length_section(results: list[RowResult], args) -> list[str]:
+    flexible = [r for r in results if r.length_accuracy]
+    if not flexible:
+        return []
+    lengths = sorted({n for r in flexible for n in r.length_accuracy})
+    head = ["row", *[f"{n:,}" for n in lengths]]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in flexible:
+        lines.append("| " + " | ".join([r.row, *[percent(r.length_accuracy.get(n)) for n in lengths]]) + " |")
+    counted = {n: max(r.length_masked_tokens.get(n, 0) for r in flexible) for n in lengths}
+    return [
+        "## The length test",
+        "",
+        "Held-out masked-token accuracy of each length-flexible row's extended model (trained at 128, then 512) "
+        "at its training lengths and past them, with no further training: the test split of the pretraining corpus "
+        "packed at each "
+        f"length (its first {args.length_test_tokens:,} tokens; "
+        + ", ".join(f"{counted[n]:,} masked tokens at {n:,}" for n in lengths)
+        + "). Plot: `length_curve.png`.",
+        "",
+        *lines,
+        "",
+    ]
+
+
+def long_section(results: list[RowResult], args) -> list[str]:
+    fixed = [r for r in results if r.fixed_length]
+    if not fixed:
+        return []
+    n = args.long_length
+    head = ["row", "N now", "encoder params now", f"encoder params at N = {n:,}"]
+    head += [f"latency at {n:,} (untrained build)"] if args.long_latency else []
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    flexible = next((r for r in results if r.row == BASELINE), None)
+    for r in fixed:
+        cells = [r.row, f"{r.fixed_length:,}", f"{r.encoder_parameters:,}", f"{r.long_encoder_parameters:,}"]
+        if args.long_latency:
+            missing = f"not built: {r.long_build_failure}" if r.long_build_failure else "–"
+            cells.append(missing if r.long_latency_ms is None else f"{r.long_latency_ms:.1f} ms")
+        lines.append("| " + " | ".join(cells) + " |")
+    beside = ""
+    if flexible and flexible.latency_ms.get(n):
+        beside = f" For scale, gated-ssm reads {n:,} tokens in {flexible.latency_ms[n]:.1f} ms with the same encoder."
+    return [
+        f"## What {n:,} tokens would cost a row tied to N",
+        "",
+        "gMLP and the Synthesizers carry a learned matrix over N positions, so they read at most N tokens: to read "
+        f"{n:,} they must be built (and trained) at N = {n:,}. Encoder parameters at that N are counted on the "
+        "recipe's model; the latency, where measured (`--long-latency`), is that of an untrained classifier built at "
+        f"that N and exported at its one bucket, timed with the rows above.{beside}",
+        "",
+        *lines,
+        "",
+    ]
+
+
+def plot_length_curve(results: list[RowResult], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for r in results:
+        if r.length_accuracy:  # one model (the extended one) on one text at every length
+            points = sorted(r.length_accuracy.items())
+            ax.plot([n for n, _ in points], [100 * a for _, a in points], "o-", label=r.row)
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("tokens per input (trained at 128, extended at 512; no training past 512)")
+    ax.set_ylabel("held-out masked-token accuracy (%)")
+    ax.legend(fontsize=8)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def parse_lengths(text: str) -> list[int]:
+    return [] if text.strip().lower() == "none" else sorted({int(n) for n in text.split(",") if n.strip()})
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, default=ROOT / "runs" / "compare")
     parser.add_argument("--rows", default=",".join(ROWS), help="comma-separated, of " + ", ".join(ROWS))
-    parser.add_argument("--buckets", default="128,512,4096", help="export and latency buckets")
+    parser.add_argument("--buckets", default="128,512,4096", help="export and latency buckets (flexible rows)")
     parser.add_argument("--reps", type=int, default=5, help="timed calls per row and bucket")
     parser.add_argument("--threads", type=int, default=2, help="ONNX Runtime intra-op threads")
-    parser.add_argument("--report", type=Path, default=None, help="also write the table here")
+    parser.add_argument("--report", type=Path, default=None, help="also write the table here (the plot beside it)")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override, every stage")
     parser.add_argument(
         "--pretrain-set", action="append", default=[], metavar="KEY=VALUE", help="override, mlm and extend"
+    )
+    parser.add_argument("--lengths", default="128,512,1024,2048,4096", help="the length test's lengths, or none")
+    parser.add_argument("--length-test-tokens", type=int, default=65536, help="test-split tokens scored per length")
+    parser.add_argument("--long-length", type=int, default=4096, help="the long input a fixed-N row is costed at")
+    parser.add_argument(
+        "--long-latency", action="store_true", help="also build each fixed-N row at N = --long-length and time it"
     )
     args = parser.parse_args(argv)
     rows = [r.strip() for r in args.rows.split(",") if r.strip()]
     unknown = [r for r in rows if r not in ROWS]
     if unknown:
         parser.error(f"unknown rows {unknown}; rows are {', '.join(ROWS)}")
+    lengths = parse_lengths(args.lengths)
     args.out.mkdir(parents=True, exist_ok=True)
     environment = {"cpu": cpu_description(), "cores": os.cpu_count(), "python": platform.python_version()}
     started = time.time()
-    results, exports = [], {}
+    results, exports, extended = [], {}, {}
     for row in rows:
-        result, exports[row] = run_row(row, args.out, args)
+        result, exports[row], extended[row] = run_row(row, args.out, args)
         results.append(result)
-    latency = measure_latency(exports, args.reps, args.threads)
+    long_exports = {}
+    for result in results:
+        if result.fixed_length is None:
+            continue
+        config = long_config(result.row, args.long_length, args.pretrain_set)
+        result.long_length, result.long_encoder_parameters = args.long_length, encoder_parameters_at(config)
+        if args.long_latency:
+            try:  # hundreds of millions of parameters at N = 4,096: a failed build costs its cell, not the run
+                long_exports[f"{result.row}@{args.long_length}"] = long_build(
+                    result.row, args.long_length, args.out, args.pretrain_set
+                )
+            except subprocess.CalledProcessError as error:
+                result.long_build_failure = f"`bigs export` ended with status {error.returncode}"
+    latency = measure_latency({**exports, **long_exports}, args.reps, args.threads)
     for result in results:
         result.latency_ms = latency[result.row]
+        if f"{result.row}@{args.long_length}" in latency:
+            result.long_latency_ms = latency[f"{result.row}@{args.long_length}"].get(args.long_length)
+    corpus, work = args.out / "data" / "corpus", args.out / "length-test"
+    for result in results:
+        if extended[result.row] is not None and lengths:
+            result.length_accuracy, result.length_masked_tokens = length_test(
+                extended[result.row], corpus, lengths, args.length_test_tokens, work
+            )
     report = {
         "rows": [asdict(r) for r in results],
         "buckets": args.buckets,
+        "lengths": lengths,
+        "length_test_tokens": args.length_test_tokens,
+        "long_length": args.long_length,
         "overrides": {"all": args.set, "pretraining": args.pretrain_set},
         "environment": environment,
         "wall_time_s": time.time() - started,
     }
     (args.out / "comparison.json").write_text(json.dumps(report, indent=2) + "\n")
-    (args.out / "COMPARISON.md").write_text(table(results, args, environment))
+    text = table(results, args, environment)
+    (args.out / "COMPARISON.md").write_text(text)
+    if any(r.length_accuracy for r in results):
+        plot_length_curve(results, args.out / "length_curve.png")
     if args.report:
-        args.report.write_text(table(results, args, environment))
-    print((args.out / "COMPARISON.md").read_text())
+        args.report.write_text(text)
+        if any(r.length_accuracy for r in results):
+            plot_length_curve(results, args.report.parent / "length_curve.png")
+    print(text)
     return 0
 
 

@@ -72,18 +72,22 @@ def tiny_bert_config(tiny_config):
 
 
 def _perturb_(model, seed: int) -> None:
-    """Give the parameters that `_init_weights` sets to constants (biases, LayerNorm gains) random values.
+    """Give the parameters that `_init_weights` sets to constants (biases, LayerNorm gains, the CLAP head's β)
+    or to near zero (gMLP's spatial weight) random values.
 
     Tests that compare weights or outputs across save/load, formulations or padding then also
-    catch a bias or LayerNorm that is dropped, mis-named or mis-tied.
+    catch a bias or LayerNorm that is dropped, mis-named or mis-tied, and a gMLP whose positions leak:
+    at its init (±1e-3 / N) the spatial weight would mix positions too little for a leak to show.
     """
     import torch
 
     g = torch.Generator().manual_seed(seed + 1)
     with torch.no_grad():
         for name, p in model.named_parameters():  # tied tensors are listed once
-            if name.endswith("bias") or name.endswith("LayerNorm.weight"):
+            if name.endswith("bias") or name.endswith("LayerNorm.weight") or name.endswith("predictions.beta"):
                 p.add_(0.05 * torch.randn(p.shape, generator=g, dtype=p.dtype))
+            elif name.endswith("spatial.weight"):
+                p.add_(0.1 * torch.randn(p.shape, generator=g, dtype=p.dtype))
 
 
 @pytest.fixture

@@ -72,8 +72,8 @@ def _artifact(out_dir: Path, task: str, seed: int, **config_overrides) -> Path:
         max_position_embeddings=MAX_LENGTH,
         initializer_range=0.12,
         hidden_dropout_prob=0.0,
-        **config_overrides,
     )
+    fields.update(config_overrides)
     if task == "classification":
         fields.update(
             id2label=dict(enumerate(LABELS)),
@@ -87,10 +87,15 @@ def _artifact(out_dir: Path, task: str, seed: int, **config_overrides) -> Path:
         for name, p in model.named_parameters():
             if name.endswith("bias") or name.endswith("LayerNorm.weight"):
                 p.add_(0.05 * torch.randn(p.shape, generator=g))
-        if task == "mlm":  # a peaked output distribution: top candidates well apart, not ~1/30522 each
+        if task == "mlm" and model.config.mlm_head == "clap":  # no output bias: a sharper inverse temperature
+            model.cls.predictions.beta.fill_(8.0)
+        elif task == "mlm":  # a peaked output distribution: top candidates well apart, not ~1/30522 each
             model.cls.predictions.bias.add_(1.5 * torch.randn(model.cls.predictions.bias.shape, generator=g))
+        for name, p in model.named_parameters():  # gMLP: positions mixed enough for a padding leak to show
+            if name.endswith("spatial.weight"):
+                p.add_(0.1 * torch.randn(p.shape, generator=g))
     model.save_pretrained(out_dir)
-    save_tokenizer(out_dir, model_max_length=MAX_LENGTH)
+    save_tokenizer(out_dir, model_max_length=fields["max_position_embeddings"])
     return out_dir
 
 

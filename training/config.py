@@ -33,13 +33,21 @@ class ModelSettings(_Section):
     num_ssm: int = 64
     max_position_embeddings: int = 128
     hidden_dropout_prob: float = 0.1
-    block_type: Literal["gated", "stack"] = Field(
-        "gated", description="gated (BiGS) or stack (BERT's layout); docs/DESIGN.md §2.7"
+    block_type: Literal["gated", "stack", "gmlp"] = Field(
+        "gated", description="gated (BiGS), stack (BERT's layout) or gmlp; docs/DESIGN.md §2.7, §2.8"
     )
-    routing: Literal["ssm", "attention"] = Field(
-        "ssm", description="ssm (BiGS) or attention (stack + attention = BERT)"
+    routing: Literal["ssm", "attention", "alibi", "synthesizer-random", "synthesizer-dense", "spatial"] | None = Field(
+        None,
+        description="ssm (BiGS), attention (stack + attention = BERT), alibi, synthesizer-random, synthesizer-dense; "
+        "spatial is the gmlp block's own; default ssm (spatial for gmlp). The spatial and synthesizer routings are "
+        "tied to max_position_embeddings positions",
     )
-    num_attention_heads: int | None = Field(None, description="attention routing: default hidden_size / 64")
+    num_attention_heads: int | None = Field(
+        None, description="attention, alibi and synthesizer routings: default hidden_size / 64"
+    )
+    mlm_head: Literal["bert", "clap"] = Field(
+        "bert", description="bert (dense, GELU, LayerNorm, tied decoder + bias) or clap (β · normalize(E) · h)"
+    )
     tile_positions_from: int | None = Field(
         None,
         ge=1,

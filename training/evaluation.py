@@ -287,14 +287,25 @@ def score_cloze(model, tokenizer, items: list[ClozeItem], batch_size: int = 16) 
 
 def score_masked_tokens(model, data_dir: Path, max_rows: int = 1024, batch_size: int = 32) -> Row:
     """Masked-token accuracy on the corpus's test split, masked as training masks (fixed seed)."""
-    from model.tokenizer import bert_uncased_tokenizer
-
-    from .data import MaskingConfig, open_split
-    from .stages import masked_batch
+    from .data import open_split
 
     split = open_split(data_dir, "test")  # as packed for training (its latest length)
-    masking = MaskingConfig.from_tokenizer(bert_uncased_tokenizer())
     rows = min(len(split), max_rows)
+    correct, counted = masked_token_hits(model, split, rows, batch_size)
+    note = f"test split of {data_dir}, {rows} sequences of {split[np.arange(1)].shape[1]}"
+    return Row("held-out documents", "masked-token accuracy", correct / max(counted, 1), counted, note)
+
+
+def masked_token_hits(model, split, rows: int, batch_size: int) -> tuple[int, int]:
+    """(masked positions guessed right, masked positions) over the first `rows` rows of a packed split, masked
+    as training masks with the held-out seed. Any packed split of any length: scripts/compare_architectures.py
+    scores one model at several lengths with it."""
+    from model.tokenizer import bert_uncased_tokenizer
+
+    from .data import MaskingConfig
+    from .stages import masked_batch
+
+    masking = MaskingConfig.from_tokenizer(bert_uncased_tokenizer())
     correct = counted = 0
     for step, start in enumerate(range(0, rows, batch_size)):
         ids = split[np.arange(start, min(start + batch_size, rows))].astype(np.int32)
@@ -306,8 +317,7 @@ def score_masked_tokens(model, data_dir: Path, max_rows: int = 1024, batch_size:
         real = labels != -100
         correct += int(((np.argmax(logits, axis=-1) == labels) & real).sum())
         counted += int(real.sum())
-    note = f"test split of {data_dir}, {rows} sequences of {split[np.arange(1)].shape[1]}"
-    return Row("held-out documents", "masked-token accuracy", correct / max(counted, 1), counted, note)
+    return correct, counted
 
 
 def score_classification(model, data_dir: Path, batch_size: int = 16) -> list[Row]:

@@ -55,8 +55,11 @@ from .trainer import Trainer, TrainTask, maybe_initialize_distributed, plot_curv
 
 def extend_positions(params: dict, new_length: int, tile_from: int | None = None) -> dict:
     """Tile the learned position embeddings up to `new_length` rows (rows [0, old) unchanged).
-    `tile_from`: tile the first `tile_from` rows instead, over whatever the table held past them."""
+    `tile_from`: tile the first `tile_from` rows instead, over whatever the table held past them. A model
+    without a position table (ALiBi: positions are distance biases) is returned as it is."""
     params = jax.tree_util.tree_map(np.asarray, params)
+    if "position_embeddings" not in params["s4_bert"]["embeddings"]:
+        return params
     table = params["s4_bert"]["embeddings"]["position_embeddings"]["embedding"]  # (old, d)
     if tile_from is not None:
         if tile_from > table.shape[0]:
@@ -252,6 +255,7 @@ def _model_config(config: TrainConfig, vocab_size: int) -> BiGSConfig:
         block_type=m.block_type,
         routing=m.routing,
         num_attention_heads=m.num_attention_heads,
+        mlm_head=m.mlm_head,
     )
 
 
@@ -261,7 +265,14 @@ def _source_with_positions(config: TrainConfig) -> tuple[BiGSConfig, dict, int]:
     from the same tiling); `model.tile_positions_from` tiles the first N rows instead."""
     model_config, source_params = load_artifact(config.init_from)
     old_length = model_config.max_position_embeddings
-    model_config.max_position_embeddings = max(old_length, config.data.seq_len, config.model.max_position_embeddings)
+    new_length = max(old_length, config.data.seq_len, config.model.max_position_embeddings)
+    if model_config.fixed_length is not None and new_length != old_length:
+        raise ValueError(
+            f"{config.init_from} (block_type={model_config.block_type}, routing={model_config.routing}) is tied to "
+            f"its {old_length} positions by a learned {old_length} × {old_length} matrix: it cannot be extended to "
+            f"{new_length} (train a new model at that length)"
+        )
+    model_config.max_position_embeddings = new_length
     params = extend_positions(source_params, model_config.max_position_embeddings, config.model.tile_positions_from)
     return model_config, params, old_length
 

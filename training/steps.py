@@ -19,7 +19,8 @@ from .config import OptimSettings
 
 # Parameters of the S4D kernels: slower learning rate, no weight decay (published recipe).
 SSM_PARAM_NAMES = ("log_step", "A_re", "A_im")
-NO_DECAY_LEAVES = ("bias", "scale", "D", "C") + SSM_PARAM_NAMES
+# `beta`: the CLAP head's inverse temperature, a scale like a LayerNorm's (docs/DESIGN.md §2.8).
+NO_DECAY_LEAVES = ("bias", "scale", "D", "C", "beta") + SSM_PARAM_NAMES
 
 
 @flax.struct.dataclass

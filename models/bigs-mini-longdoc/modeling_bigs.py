@@ -7,9 +7,12 @@ not depend on padding or batching (docs/DESIGN.md §2.5). For unpadded input bot
 
 The config picks one of the paper's four architectures (Table 1): `block_type` gated | stack ×
 `routing` ssm | attention (docs/DESIGN.md §2.7); gated/ssm is BiGS, stack/attention is BERT. Only the
-encoder and the blocks look at them; embeddings, pooler and heads are shared.
+encoder and the blocks look at them; embeddings, pooler and heads are shared. The other encoders of the
+field are more values of the same fields (§2.8): `routing` alibi (the embeddings then have no position
+table), synthesizer-random, synthesizer-dense, `block_type` gmlp, and `mlm_head` clap (the MLM head).
 
-Shapes: B batch, L sequence, d hidden_size, I intermediate_size, N num_ssm, h num_attention_heads.
+Shapes: B batch, L sequence, d hidden_size, I intermediate_size, N num_ssm (the SSMs) or
+max_position_embeddings (the matrices over positions of gMLP and the synthesizers), h num_attention_heads.
 """
 
 from __future__ import annotations
@@ -31,7 +34,7 @@ from transformers.modeling_outputs import (
     TokenClassifierOutput,
 )
 
-from .configuration_bigs import BiGSConfig
+from .configuration_bigs import CLAP_INITIAL_BETA, SPATIAL_INIT_SCALE, BiGSConfig, alibi_slopes
 from .ssm import (
     causal_conv_chunked,
     causal_conv_direct,
@@ -102,12 +105,27 @@ def key_padding_bias(real_tokens: torch.Tensor, dtype: torch.dtype) -> torch.Ten
     return ((1.0 - real_tokens.to(dtype)) * torch.finfo(dtype).min)[:, None, None, :].expand(-1, -1, L, -1)
 
 
+def alibi_bias(num_heads: int, length: int, dtype: torch.dtype, device=None) -> torch.Tensor:
+    """(h, L, L) additive attention bias of ALiBi, nonsymmetric with offset (docs/DESIGN.md §2.8): for query i
+    and key j, −m·(i − j) for a key behind or at the query and −m·(j − i − ½) for a key ahead of it, so a key
+    N ahead and a key N behind get different biases (−m·(N − ½) and −m·N) and attention tells the two
+    directions apart without position embeddings."""
+    positions = torch.arange(length, device=device)
+    ahead = positions[None, :] - positions[:, None]  # j − i, (L, L)
+    distance = ahead.abs().to(dtype) - 0.5 * (ahead > 0).to(dtype)
+    slopes = torch.tensor(alibi_slopes(num_heads), dtype=dtype, device=device)
+    return -slopes[:, None, None] * distance  # (h, L, L)
+
+
 class BiGSSelfAttention(nn.Module):
     """Bidirectional multi-head self-attention (BERT's `BertSelfAttention`; docs/DESIGN.md §2.7), pad keys
     masked, so the outputs at real tokens do not depend on padding. H (B, L, d) → context (B, L, d):
 
     Q, K, V = H Wq, H Wk, H Wv     query, key, value   split into h heads of d/h
     context = softmax(Q Kᵀ / √(d/h) + pad bias) V      per head, heads concatenated
+
+    With routing="alibi" the ALiBi bias (`alibi_bias`, per head) is added to the scores too, and the model
+    has no position embeddings (docs/DESIGN.md §2.8).
 
     Written with `F.scaled_dot_product_attention`: torch picks its fused kernel, and the ONNX exporter
     (opset 23) writes it as one ONNX `Attention` node per layer, which ONNX Runtime runs as one
@@ -119,6 +137,7 @@ class BiGSSelfAttention(nn.Module):
         d = config.hidden_size
         self.num_heads = config.num_attention_heads
         self.head_size = d // self.num_heads
+        self.alibi = config.routing == "alibi"
         self.query = nn.Linear(d, d)
         self.key = nn.Linear(d, d)
         self.value = nn.Linear(d, d)
@@ -127,9 +146,62 @@ class BiGSSelfAttention(nn.Module):
         def heads(x):  # (B, L, d) → (B, h, L, d/h)
             return x.unflatten(-1, (self.num_heads, self.head_size)).transpose(1, 2)
 
-        bias = None if real_tokens is None else key_padding_bias(real_tokens, H.dtype)
+        bias = None if real_tokens is None else key_padding_bias(real_tokens, H.dtype)  # (B, 1, L, L)
+        if self.alibi:
+            distance = alibi_bias(self.num_heads, H.shape[1], H.dtype, H.device)[None]  # (1, h, L, L)
+            bias = distance if bias is None else bias + distance  # (B, h, L, L); pad keys stay at the minimum
         context = F.scaled_dot_product_attention(heads(self.query(H)), heads(self.key(H)), heads(self.value(H)), bias)
         return context.transpose(1, 2).flatten(2)  # (B, L, d)
+
+
+def synthetic_attention(
+    scores: torch.Tensor, values: torch.Tensor, real_tokens: torch.Tensor | None, num_heads: int
+) -> torch.Tensor:
+    """softmax(scores + pad bias) V per head, heads concatenated: scores (B or 1, h, L, L) from a
+    synthesizer, values (B, L, d) → (B, L, d). Pad keys get zero weight, as in attention."""
+    if real_tokens is not None:
+        scores = scores + key_padding_bias(real_tokens, scores.dtype)
+    V = values.unflatten(-1, (num_heads, -1)).transpose(1, 2)  # (B, h, L, d/h)
+    return torch.matmul(torch.softmax(scores, dim=-1), V).transpose(1, 2).flatten(2)
+
+
+class BiGSRandomSynthesizer(nn.Module):
+    """Random Synthesizer (Tay et al., "Synthesizer: Rethinking Self-Attention"; docs/DESIGN.md §2.8): the
+    alignment of every head is a learned N × N matrix R that does not look at the tokens,
+    N = max_position_embeddings. H (B, L ≤ N, d) → softmax(R[:L, :L] + pad bias) (H Wv), per head."""
+
+    def __init__(self, config: BiGSConfig):
+        super().__init__()
+        d, N = config.hidden_size, config.max_position_embeddings
+        self.num_heads = config.num_attention_heads
+        self.alignment = nn.Parameter(torch.empty(self.num_heads, N, N))  # (h, N, N)
+        self.value = nn.Linear(d, d)
+
+    def forward(self, H: torch.Tensor, real_tokens: torch.Tensor | None) -> torch.Tensor:
+        L = H.shape[1]
+        scores = self.alignment[None, :, :L, :L].to(H.dtype)  # (1, h, L, L)
+        return synthetic_attention(scores, self.value(H), real_tokens, self.num_heads)
+
+
+class BiGSDenseSynthesizer(nn.Module):
+    """Dense Synthesizer (Tay et al.; docs/DESIGN.md §2.8): each token predicts its own row of the alignment,
+    N scores per head, from a two-layer MLP: B = relu(H W1 + b1) W2 + b2, W1 d × d, W2 d × hN;
+    H (B, L ≤ N, d) → softmax(B[…, :L] + pad bias) (H Wv), per head."""
+
+    def __init__(self, config: BiGSConfig):
+        super().__init__()
+        d = config.hidden_size
+        self.num_heads = config.num_attention_heads
+        self.length = config.max_position_embeddings
+        self.alignment_in = nn.Linear(d, d)
+        self.alignment_out = nn.Linear(d, self.num_heads * self.length)
+        self.value = nn.Linear(d, d)
+
+    def forward(self, H: torch.Tensor, real_tokens: torch.Tensor | None) -> torch.Tensor:
+        L = H.shape[1]
+        scores = self.alignment_out(F.relu(self.alignment_in(H)))  # (B, L, h·N)
+        scores = scores.unflatten(-1, (self.num_heads, self.length))[..., :L].transpose(1, 2)  # (B, h, L, L)
+        return synthetic_attention(scores, self.value(H), real_tokens, self.num_heads)
 
 
 class BiGSBidirectionalSSM(nn.Module):
@@ -161,8 +233,24 @@ class BiGSSublayerOutput(nn.Module):
             self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
 
 
+# The mixer of each routing a gated or stack block takes (the gmlp block has its own, BiGSSpatialGatingUnit).
+ROUTING_MIXERS = {
+    "ssm": BiGSBidirectionalSSM,
+    "attention": BiGSSelfAttention,
+    "alibi": BiGSSelfAttention,
+    "synthesizer-random": BiGSRandomSynthesizer,
+    "synthesizer-dense": BiGSDenseSynthesizer,
+}
+
+
+def routing_attribute(routing: str) -> str:
+    """The name of a stack block's routing sublayer: `ssm` for the SSM pair, else BERT's `attention` (ALiBi
+    and the synthesizers are attention with other scores: their value and output projections are BERT's)."""
+    return "ssm" if routing == "ssm" else "attention"
+
+
 class BiGSRouting(nn.Module):
-    """A routing sublayer: `mixer` (self-attention or the SSM pair) then `output.dense` back to d.
+    """A routing sublayer: `mixer` (self-attention, a synthesizer or the SSM pair) then `output.dense` back to d.
 
     Names follow BERT: with attention the mixer is `self` (`attention.self.query`, …) and the
     projection `attention.output.dense`; with the SSM pair the mixer's SSMs are `ssm.fs4`, `ssm.bs4`
@@ -170,13 +258,8 @@ class BiGSRouting(nn.Module):
 
     def __init__(self, config: BiGSConfig, layer_norm: bool):
         super().__init__()
-        d = config.hidden_size
-        if config.routing == "attention":
-            self.self = BiGSSelfAttention(config)
-            mixed = d
-        else:
-            self.self = BiGSBidirectionalSSM(config)
-            mixed = 2 * d
+        self.self = ROUTING_MIXERS[config.routing](config)
+        mixed = 2 * config.hidden_size if config.routing == "ssm" else config.hidden_size
         self.output = BiGSSublayerOutput(config, mixed, layer_norm)
 
     def forward(self, H: torch.Tensor, real_tokens: torch.Tensor | None) -> torch.Tensor:
@@ -274,7 +357,7 @@ class BiGSStackLayer(nn.Module):
     def __init__(self, config: BiGSConfig):
         super().__init__()
         self.pre_norm = config.pre_norm
-        self.routing = config.routing  # the routing sublayer's attribute name: "attention" or "ssm"
+        self.routing = routing_attribute(config.routing)  # the routing sublayer's attribute name
         setattr(self, self.routing, BiGSRouting(config, layer_norm=True))
         self.intermediate = BiGSIntermediate(config)
         self.output = BiGSSublayerOutput(config, config.intermediate_size)
@@ -290,7 +373,73 @@ class BiGSStackLayer(nn.Module):
         return self.residual(X, lambda H: self.output.dense(self.intermediate(H)), self.output.LayerNorm)
 
 
-LAYER_CLASSES = {"gated": BiGSLayer, "stack": BiGSStackLayer}
+class BiGSSpatialProjection(nn.Module):
+    """A dense layer over positions: Z (B, L ≤ N, c) → W[:L, :L] Z + b[:L], W (N, N), b (N,), the same for
+    every channel. `weight` is (out position, in position), as an nn.Linear's; initialised near zero (W) and to
+    ones (b), so the spatial gating unit starts as the identity on its first half (gMLP, docs/DESIGN.md §2.8)."""
+
+    def __init__(self, config: BiGSConfig):
+        super().__init__()
+        N = config.max_position_embeddings
+        self.weight = nn.Parameter(torch.empty(N, N))
+        self.bias = nn.Parameter(torch.empty(N))
+
+    def forward(self, Z: torch.Tensor) -> torch.Tensor:
+        L = Z.shape[1]
+        return torch.matmul(self.weight[:L, :L], Z) + self.bias[:L, None]  # (L, L) @ (B, L, c) → (B, L, c)
+
+
+class BiGSSpatialGatingUnit(nn.Module):
+    """gMLP's spatial gating unit (Liu et al., "Pay Attention to MLPs"), Z (B, L, I) → (B, L, I/2):
+
+    Z1, Z2 = split(Z)                   the two halves of the channels
+    s(Z)   = Z1 ⊙ (W LN(Z2) + b)        LayerNorm, spatial (W over positions, N × N)
+
+    The normalised Z2 is zeroed at pad positions before W mixes positions, so pad positions feed no real
+    token and padded = unpadded (docs/DESIGN.md §2.8)."""
+
+    def __init__(self, config: BiGSConfig):
+        super().__init__()
+        self.LayerNorm = nn.LayerNorm(config.intermediate_size // 2, eps=config.layer_norm_eps)
+        self.spatial = BiGSSpatialProjection(config)
+
+    def forward(self, Z: torch.Tensor, real_tokens: torch.Tensor | None) -> torch.Tensor:
+        Z1, Z2 = Z.chunk(2, dim=-1)
+        Z2 = self.LayerNorm(Z2)
+        if real_tokens is not None:
+            Z2 = Z2 * real_tokens.to(Z2.dtype)[..., None]
+        return Z1 * self.spatial(Z2)
+
+
+class BiGSGMLPLayer(nn.Module):
+    """One gMLP block (docs/DESIGN.md §2.8), X (B, L, d) → X' (B, L, d); pre-norm:
+
+    Z  = σ(LN(X) U)                     LayerNorm, proj_in (d → I)
+    X' = X + s(Z) V                     sgu (BiGSSpatialGatingUnit), proj_out (I/2 → d)
+
+    post-norm (`pre_norm=False`): X' = LN(X + s(σ(X U)) V). No attention and no SSM: positions meet only in
+    the spatial gating unit's N × N matrix, so the block is tied to N = max_position_embeddings.
+    """
+
+    def __init__(self, config: BiGSConfig):
+        super().__init__()
+        d, inter = config.hidden_size, config.intermediate_size
+        self.pre_norm = config.pre_norm
+        self.LayerNorm = nn.LayerNorm(d, eps=config.layer_norm_eps)
+        self.proj_in = nn.Linear(d, inter)
+        self.sgu = BiGSSpatialGatingUnit(config)
+        self.proj_out = nn.Linear(inter // 2, d)
+
+    def gated_mlp(self, H: torch.Tensor, real_tokens: torch.Tensor | None) -> torch.Tensor:
+        return self.proj_out(self.sgu(F.gelu(self.proj_in(H)), real_tokens))
+
+    def forward(self, X: torch.Tensor, real_tokens: torch.Tensor | None = None) -> torch.Tensor:
+        if self.pre_norm:
+            return X + self.gated_mlp(self.LayerNorm(X), real_tokens)
+        return self.LayerNorm(X + self.gated_mlp(X, real_tokens))
+
+
+LAYER_CLASSES = {"gated": BiGSLayer, "stack": BiGSStackLayer, "gmlp": BiGSGMLPLayer}
 
 
 class BiGSEncoder(nn.Module):
@@ -316,13 +465,16 @@ class BiGSEncoder(nn.Module):
 
 
 class BiGSEmbeddings(nn.Module):
-    """word + absolute position + token type, then LayerNorm and dropout (as BERT)."""
+    """word + absolute position + token type, then LayerNorm and dropout (as BERT). With ALiBi there is no
+    position table: positions enter as the attention's distance biases (docs/DESIGN.md §2.8)."""
 
     def __init__(self, config: BiGSConfig):
         super().__init__()
         d = config.hidden_size
+        self.max_length = config.max_position_embeddings
         self.word_embeddings = nn.Embedding(config.vocab_size, d, padding_idx=config.pad_token_id)
-        self.position_embeddings = nn.Embedding(config.max_position_embeddings, d)
+        if config.has_position_embeddings:
+            self.position_embeddings = nn.Embedding(config.max_position_embeddings, d)
         self.token_type_embeddings = nn.Embedding(config.type_vocab_size, d)
         self.LayerNorm = nn.LayerNorm(d, eps=config.layer_norm_eps)
         self.dropout = nn.Dropout(config.hidden_dropout_prob)
@@ -333,16 +485,15 @@ class BiGSEmbeddings(nn.Module):
 
     def forward(self, input_ids, token_type_ids=None, position_ids=None):
         B, L = input_ids.shape
-        if L > self.position_embeddings.num_embeddings:
-            raise ValueError(
-                f"input has {L} tokens but the model has {self.position_embeddings.num_embeddings} positions"
-            )
+        if L > self.max_length:
+            raise ValueError(f"input has {L} tokens but the model has {self.max_length} positions")
         if position_ids is None:
             position_ids = self.position_ids[:, :L]
         if token_type_ids is None:
             token_type_ids = torch.zeros_like(input_ids)
         X = self.word_embeddings(input_ids) + self.token_type_embeddings(token_type_ids)
-        X = X + self.position_embeddings(position_ids)
+        if hasattr(self, "position_embeddings"):
+            X = X + self.position_embeddings(position_ids)
         return self.dropout(self.LayerNorm(X))
 
 
@@ -399,6 +550,15 @@ class BiGSPreTrainedModel(PreTrainedModel):
             init.normal_(module.D, mean=0.0, std=1.0)
         elif isinstance(module, BiGSLMPredictionHead):
             init.zeros_(module.bias)
+        elif isinstance(module, BiGSClapPredictionHead):
+            init.constant_(module.beta, CLAP_INITIAL_BETA)
+        elif isinstance(module, BiGSSpatialProjection):
+            # gMLP: W near zero and b = 1, so s(Z) starts as Z1 (the spatial gating unit as the identity).
+            scale = SPATIAL_INIT_SCALE / module.weight.shape[0]
+            init.uniform_(module.weight, -scale, scale)
+            init.ones_(module.bias)
+        elif isinstance(module, BiGSRandomSynthesizer):
+            init.normal_(module.alignment, mean=0.0, std=std)
         elif isinstance(module, BiGSEmbeddings):
             init.copy_(module.position_ids, torch.arange(module.position_ids.shape[-1]).expand((1, -1)))
 
@@ -488,10 +648,23 @@ class BiGSLMPredictionHead(nn.Module):
         return self.decoder(self.transform(hidden_states))
 
 
+class BiGSClapPredictionHead(nn.Module):
+    """The CLAP head (docs/DESIGN.md §2.8): logits = β · h · normalize(E)ᵀ, E the word embeddings (tied, each
+    row L2-normalised), β a learned inverse temperature; no dense, no GELU, no LayerNorm, no bias."""
+
+    def __init__(self, config: BiGSConfig):
+        super().__init__()
+        self.decoder = nn.Linear(config.hidden_size, config.vocab_size, bias=False)  # tied to the word embeddings
+        self.beta = nn.Parameter(torch.empty(1))  # (1,): a 0-d tensor is written as (1,) by save_pretrained
+
+    def forward(self, hidden_states):
+        return self.beta * F.linear(hidden_states, F.normalize(self.decoder.weight, dim=-1))
+
+
 class BiGSOnlyMLMHead(nn.Module):
     def __init__(self, config: BiGSConfig):
         super().__init__()
-        self.predictions = BiGSLMPredictionHead(config)
+        self.predictions = (BiGSClapPredictionHead if config.mlm_head == "clap" else BiGSLMPredictionHead)(config)
 
     def forward(self, sequence_output):
         return self.predictions(sequence_output)
@@ -514,6 +687,8 @@ class BiGSForMaskedLM(BiGSPreTrainedModel):
 
     def __init__(self, config: BiGSConfig):
         super().__init__(config)
+        if config.mlm_head == "clap":  # its decoder is the word embeddings and it has no output bias
+            self._tied_weights_keys = {"cls.predictions.decoder.weight": "bigs.embeddings.word_embeddings.weight"}
         self.bigs = BiGSModel(config)
         self.cls = BiGSOnlyMLMHead(config)
         self.post_init()
@@ -523,7 +698,8 @@ class BiGSForMaskedLM(BiGSPreTrainedModel):
 
     def set_output_embeddings(self, new_embeddings):
         self.cls.predictions.decoder = new_embeddings
-        self.cls.predictions.bias = new_embeddings.bias
+        if self.config.mlm_head == "bert":
+            self.cls.predictions.bias = new_embeddings.bias
 
     def forward(
         self,

@@ -299,21 +299,46 @@ def card_metadata(config: dict, card: dict | None) -> ModelCardData:
 
 
 def describe_layers(config: dict, architecture: str) -> str:
-    """One sentence on the row of the paper's Table 1 the config picks (docs/DESIGN.md §2.7)."""
-    block, routing = config.get("block_type", "gated"), config.get("routing", "ssm")
+    """One sentence on the row of the family the config picks (docs/DESIGN.md §2.7, §2.8)."""
+    block = config.get("block_type", "gated")
+    routing = config.get("routing") or ("spatial" if block == "gmlp" else "ssm")
+    head = (
+        " Its MLM head is CLAP's: the tied token embeddings L2-normalised, scaled by a learned inverse temperature."
+        if config.get("mlm_head") == "clap"
+        else ""
+    )
     if (block, routing) == ("gated", "ssm"):
         return (
             f"A BiGS encoder (`{architecture}`): bidirectional gated state-space layers and no attention "
-            '("Pretraining Without Attention", Wang et al.).'
+            f'("Pretraining Without Attention", Wang et al.).{head}'
+        )
+    if block == "gmlp":
+        return (
+            f"An encoder of the BiGS family (`{architecture}`, block_type=gmlp): gMLP blocks, whose spatial gating "
+            f"unit mixes positions through a learned {config.get('max_position_embeddings')} × "
+            f'{config.get("max_position_embeddings")} matrix ("Pay Attention to MLPs", Liu et al.): it reads at '
+            f"most that many tokens.{head}"
         )
     layers = {
         ("gated", "attention"): "gated layers with bidirectional multi-head self-attention in place of the SSMs",
         ("stack", "ssm"): "stacked layers (BERT's layout) with a bidirectional SSM pair in place of attention",
         ("stack", "attention"): "stacked layers with bidirectional multi-head self-attention, i.e. BERT",
-    }[(block, routing)]
+    }.get((block, routing))
+    if layers is not None:  # the rows of the paper's Table 1
+        return (
+            f"An encoder of the BiGS family (`{architecture}`, block_type={block}, routing={routing}): {layers}, "
+            f'one row of the controlled comparison of "Pretraining Without Attention" (Wang et al.).{head}'
+        )
+    mixers = {
+        "alibi": "bidirectional multi-head self-attention with ALiBi's linear distance biases and no position "
+        "embeddings",
+        "synthesizer-random": "a random Synthesizer (a learned alignment per head over a fixed number of positions)",
+        "synthesizer-dense": "a dense Synthesizer (each token's alignment predicted by a two-layer MLP)",
+    }
+    layout = "gated layers" if block == "gated" else "stacked layers (BERT's layout)"
     return (
-        f"An encoder of the BiGS family (`{architecture}`, block_type={block}, routing={routing}): {layers}, "
-        'one row of the controlled comparison of "Pretraining Without Attention" (Wang et al.).'
+        f"An encoder of the BiGS family (`{architecture}`, block_type={block}, routing={routing}): {layout} with "
+        f"{mixers[routing]}, one of the encoders compared with BiGS.{head}"
     )
 
 

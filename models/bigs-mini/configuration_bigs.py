@@ -7,12 +7,42 @@ convolution formulation runs). Unknown fields are kept, as `PretrainedConfig` do
 
 from __future__ import annotations
 
+import math
+
 from transformers import PretrainedConfig
 
 SSM_FORMULATIONS = ("fft", "toeplitz", "chunked", "direct")
-# The paper's controlled comparison (Table 1): the block × how tokens exchange information.
-BLOCK_TYPES = ("gated", "stack")
-ROUTINGS = ("ssm", "attention")
+# The paper's controlled comparison (Table 1): the block × how tokens exchange information, and the other
+# encoders of the field as rows of the same family (docs/DESIGN.md §2.7, §2.8).
+BLOCK_TYPES = ("gated", "stack", "gmlp")
+ROUTINGS = ("ssm", "attention", "alibi", "synthesizer-random", "synthesizer-dense", "spatial")
+# The gMLP block routes through its own spatial gating unit, and only it does.
+GMLP_ROUTING = "spatial"
+# Routings that carry a learned matrix over positions of a fixed size N = max_position_embeddings: the
+# model is defined for inputs of at most N tokens and is trained, exported and served at N.
+FIXED_LENGTH_ROUTINGS = ("spatial", "synthesizer-random", "synthesizer-dense")
+MLM_HEADS = ("bert", "clap")
+# Initial values shared by the torch and Flax models (docs/DESIGN.md §2.8). The CLAP head's inverse temperature:
+# h at the last layer has a norm of about √d, so the logits β·|h|·cos start on the scale of CLIP's 1/0.07 × cos
+# at the comparison's width (d = 256). gMLP's spatial weight: uniform in ±SPATIAL_INIT_SCALE / N ("near zero").
+CLAP_INITIAL_BETA = 1.0
+SPATIAL_INIT_SCALE = 1e-3
+
+
+def alibi_slopes(num_heads: int) -> list[float]:
+    """The per-head slopes m of ALiBi (Press et al., "Train Short, Test Long"): for h a power of two the
+    geometric sequence 2^(−8/h), 2^(−16/h), …, 2^(−8); otherwise the h' = 2^⌊log2 h⌋ slopes of h', then
+    every other slope of 2h' for the heads left over (the paper's recipe). Plain floats, so the torch and
+    Flax models add the same biases."""
+
+    def power_of_two(n: int) -> list[float]:
+        start = 2.0 ** (-8.0 / n)
+        return [start ** (i + 1) for i in range(n)]
+
+    if num_heads & (num_heads - 1) == 0:
+        return power_of_two(num_heads)
+    below = 2 ** math.floor(math.log2(num_heads))
+    return power_of_two(below) + alibi_slopes(2 * below)[0::2][: num_heads - below]
 
 
 class BiGSConfig(PretrainedConfig):
@@ -46,13 +76,22 @@ class BiGSConfig(PretrainedConfig):
             chunked form) or "direct" (O(L^2) sum, for tests). All give the same function.
         ssm_chunk_size: chunk length of the "chunked" formulation.
         block_type: "gated" (the BiGS layer, the default: the routing output gates a GELU branch, one
-            residual per layer) or "stack" (BERT's layout: routing then feed-forward, each with its own
-            residual and LayerNorm). docs/DESIGN.md §2.7.
+            residual per layer), "stack" (BERT's layout: routing then feed-forward, each with its own
+            residual and LayerNorm) or "gmlp" (gMLP: a channel MLP whose hidden layer is gated by its spatial
+            gating unit). docs/DESIGN.md §2.7, §2.8.
         routing: how positions exchange information inside a block: "ssm" (the forward and backward
-            SSMs, the default) or "attention" (bidirectional multi-head self-attention, pad keys masked).
-            block_type="stack", routing="attention" is BERT.
-        num_attention_heads: heads of the attention routing; defaults to hidden_size / 64 (at least 1).
-            Must divide hidden_size. Recorded but unused with routing="ssm".
+            SSMs, the default), "attention" (bidirectional multi-head self-attention, pad keys masked),
+            "alibi" (the same attention with linear distance biases instead of position embeddings),
+            "synthesizer-random" (a learned N × N alignment per head, softmaxed), "synthesizer-dense" (the
+            alignment of each token predicted by a two-layer MLP), or "spatial" (the gMLP block's spatial
+            gating unit; the only routing of that block and its default). block_type="stack",
+            routing="attention" is BERT. The spatial and synthesizer routings are tied to
+            N = max_position_embeddings (`fixed_length`).
+        num_attention_heads: heads of the attention and synthesizer routings; defaults to hidden_size / 64
+            (at least 1). Must divide hidden_size. Recorded but unused with the ssm and spatial routings.
+        mlm_head: "bert" (dense → GELU → LayerNorm → tied decoder + bias, the published head) or "clap"
+            (β · normalize(E) · h: the tied token embeddings L2-normalised, a learned inverse temperature β,
+            nothing else). docs/DESIGN.md §2.8.
     """
 
     model_type = "BiGS"
@@ -82,8 +121,9 @@ class BiGSConfig(PretrainedConfig):
         ssm_formulation: str = "fft",
         ssm_chunk_size: int = 256,
         block_type: str = "gated",
-        routing: str = "ssm",
+        routing: str | None = None,
         num_attention_heads: int | None = None,
+        mlm_head: str = "bert",
         **kwargs,
     ):
         # Published checkpoints were trained with tied input/output embeddings.
@@ -95,8 +135,23 @@ class BiGSConfig(PretrainedConfig):
             raise ValueError(f"ssm_formulation must be one of {SSM_FORMULATIONS}, got {ssm_formulation!r}")
         if block_type not in BLOCK_TYPES:
             raise ValueError(f"block_type must be one of {BLOCK_TYPES}, got {block_type!r}")
+        if routing is None:  # each block's own default: the SSM pair, or gMLP's spatial gating unit
+            routing = GMLP_ROUTING if block_type == "gmlp" else "ssm"
         if routing not in ROUTINGS:
             raise ValueError(f"routing must be one of {ROUTINGS}, got {routing!r}")
+        if (block_type == "gmlp") != (routing == GMLP_ROUTING):
+            raise ValueError(
+                f"routing={GMLP_ROUTING!r} is the gmlp block's spatial gating unit and that block's only routing, "
+                f"got block_type={block_type!r} with routing={routing!r}"
+            )
+        if mlm_head not in MLM_HEADS:
+            raise ValueError(f"mlm_head must be one of {MLM_HEADS}, got {mlm_head!r}")
+        if mlm_head == "clap" and not kwargs["tie_word_embeddings"]:
+            raise ValueError("mlm_head='clap' scores against the token embeddings: tie_word_embeddings must be True")
+        if block_type == "gmlp" and intermediate_size % 2:
+            raise ValueError(
+                f"the gmlp block splits intermediate_size in two halves: it must be even, got {intermediate_size}"
+            )
         if num_attention_heads is None:
             num_attention_heads = max(1, hidden_size // 64)
         if (
@@ -133,6 +188,19 @@ class BiGSConfig(PretrainedConfig):
         self.block_type = block_type
         self.routing = routing
         self.num_attention_heads = num_attention_heads
+        self.mlm_head = mlm_head
+
+    @property
+    def fixed_length(self) -> int | None:
+        """N for a model tied to a number of positions (a learned N × N matrix over positions: the gMLP
+        and synthesizer routings), which it is trained, exported and served at; None for a model of any
+        length up to max_position_embeddings."""
+        return self.max_position_embeddings if self.routing in FIXED_LENGTH_ROUTINGS else None
+
+    @property
+    def has_position_embeddings(self) -> bool:
+        """False with ALiBi: positions enter as distance biases of the attention, not as a learned table."""
+        return self.routing != "alibi"
 
     @property
     def classifier_dropout_rate(self) -> float:
