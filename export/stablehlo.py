@@ -47,6 +47,12 @@ from .heads import MASK_POSITIONS, SEQUENCE_INPUTS, heads_for, signature
 from .manifest import StableHLOSection
 
 PLATFORMS = ("cpu", "cuda", "tpu")  # lowered for all where this jax can; cpu alone otherwise
+# The precision every matrix product of an fp32 artifact is lowered with. XLA's DEFAULT is fp32 on
+# the CPU but TF32 on NVIDIA GPUs (bf16 passes on TPUs): the same artifact measured on an H100 missed
+# the export's parity tolerance (fill-mask logits 1.7e-4 of their scale against 1e-4), while torch's
+# fp32 on the same GPU held it. HIGHEST writes the fp32 product into the graph itself, so the answer
+# of an fp32 artifact does not depend on where it runs; reduced precision is a variant of its own.
+MATMUL_PRECISION = "highest"
 INPUT_DTYPE = jnp.int32
 # The Dense's leaves in the embeddings head's parameter tree, beside the backbone's: a name no
 # backbone module has, so the two never mix.
@@ -181,6 +187,11 @@ def input_specs(length: int, input_names: tuple) -> list[jax.ShapeDtypeStruct]:
 
 
 def export_one(config, head, length, head_tree, embed_weights: bool, platforms) -> jax.export.Exported:
+    with jax.default_matmul_precision(MATMUL_PRECISION):  # resolved when traced: written into the graph
+        return _export_one(config, head, length, head_tree, embed_weights, platforms)
+
+
+def _export_one(config, head, length, head_tree, embed_weights: bool, platforms) -> jax.export.Exported:
     apply, _, input_names, output_names = head_spec(config, head)  # apply needs no Dense: it is in head_tree
     leaves = flatten_params(head_tree)
     paths = [p for p, _ in leaves]

@@ -512,3 +512,21 @@ def test_published_layout_dir_exports_with_embedded_weights(tmp_path):
     assert scaled_error(hlo, expected) < TOLERANCE
     hlo_embeddings = load_stablehlo(out, "embeddings", 128)(*base)["embeddings"]
     assert scaled_error(hlo_embeddings, embeddings) < TOLERANCE
+
+
+def test_stablehlo_products_are_lowered_at_fp32_on_every_platform(tmp_path):
+    """Every matrix product of the fp32 artifacts says HIGHEST: without it an NVIDIA GPU runs them in TF32
+    and the same artifact misses the export's parity tolerance there (measured on an H100)."""
+    from export.stablehlo import export_stablehlo
+    from export.stablehlo_runtime import deserialize
+
+    model = make_model(max_position_embeddings=128)
+    state = {k: v.numpy() for k, v in model.state_dict().items()}
+    section = export_stablehlo(model.config, state, "BiGSForMaskedLM", [128], tmp_path)
+    files = [bucket.file for head in section.heads.values() for bucket in head.buckets.values()]
+    assert files
+    for file in files:
+        exported, _ = deserialize(tmp_path / file)
+        products = [line for line in exported.mlir_module().splitlines() if "stablehlo.dot_general" in line]
+        assert products, file
+        assert all("precision = [HIGHEST, HIGHEST]" in line for line in products), (file, products[0])

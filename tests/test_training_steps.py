@@ -207,6 +207,30 @@ def test_mfu_is_model_flops_over_the_peak_in_the_same_window():
     assert window["mfu"] / window["tokens_per_s"] == pytest.approx(5 * 2e12 / (5 * 4096 * 1e15))
 
 
+def test_flops_are_counted_after_compiling_where_the_backend_has_no_pre_compile_analysis():
+    """The CUDA plugin answers `Lowered.cost_analysis()` with None (PJRT's C API; measured on an H100,
+    where the card had no MFU): the count then comes from the compiled function, and is the same."""
+    import jax
+    import jax.numpy as jnp
+
+    from training.throughput import lowered_flops
+
+    class PluginLowered:  # what jax's Lowered is on such a backend: the real one, less its analysis
+        def __init__(self, lowered):
+            self._lowered = lowered
+
+        def cost_analysis(self):
+            return None
+
+        def compile(self):
+            return self._lowered.compile()
+
+    x = jax.ShapeDtypeStruct((64, 64), jnp.float32)
+    lowered = jax.jit(lambda a, b: a @ b).lower(x, x)
+    assert lowered_flops(lowered) == pytest.approx(2 * 64**3, rel=0.1)
+    assert lowered_flops(PluginLowered(lowered)) == pytest.approx(lowered_flops(lowered), rel=0.01)
+
+
 def test_a_truncated_test_batch_is_what_the_tokenizer_makes_of_the_text_cut_short():
     import numpy as np
 

@@ -53,8 +53,23 @@ def datasheet_peak_flops(device_kind: str, dtype_name: str) -> float | None:
 
 
 def lowered_flops(lowered) -> float | None:
-    """FLOPs of one call of a lowered (not yet compiled) jitted function, per XLA's cost analysis."""
-    analysis = lowered.cost_analysis()
+    """FLOPs of one call of a lowered jitted function, per XLA's cost analysis.
+
+    Asked of the lowered module first (no compile). Backends reached through the PJRT plugin API (CUDA
+    and ROCm as jax installs them) have no pre-compile analysis: `Lowered.cost_analysis()` is None
+    there, and the card showed no MFU for a whole H100 run. They answer after compiling, so the
+    function is compiled once more for its count: seconds, once per run, where the accelerator's
+    figure is the point of asking."""
+    analysis = _flops_of(lowered.cost_analysis())
+    if analysis is None:
+        try:
+            analysis = _flops_of(lowered.compile().cost_analysis())
+        except Exception:  # no analysis on this backend at all: tokens/s alone, as the card says
+            return None
+    return analysis
+
+
+def _flops_of(analysis) -> float | None:
     if isinstance(analysis, list | tuple):  # older jax: one dict per computation
         analysis = analysis[0] if analysis else None
     if not analysis or "flops" not in analysis:
