@@ -4,7 +4,8 @@
 # check").
 #
 #     scripts/accelerator_check.sh            wheels into .whl/, sizes checked, the call printed
-#     scripts/accelerator_check.sh --slim     the same, after leaving models/ out of the working tree
+#     scripts/accelerator_check.sh --slim     the same, after moving models/ out of the checkout
+#     scripts/accelerator_check.sh --restore  models/ back in the checkout and in git's index
 #     scripts/accelerator_check.sh --no-download   sizes and the call only (the wheels already in .whl/)
 #
 # What the GPU machine has: Python 3.12 with jax (CUDA), flax, optax, orbax-checkpoint, transformers,
@@ -14,10 +15,10 @@
 #
 # The constraint: the call copies the checkout's tracked files, its untracked files that git does not
 # ignore, and the paths in the carry list, 64 MiB in all. The tracked tree is ~170 MB, 167 MB of it the
-# shipped models (models/), which the check never reads: as it stands the copy is refused. --slim
-# leaves models/ out of the working tree with git's sparse checkout (`git status` stays clean; undo:
-# `git sparse-checkout disable`), so that only the files present are copied. The lasting fix is a
-# tree without models/ (published apart from the code), which is the project's call, not this script's.
+# shipped models (models/), which the check never reads: as it stands the copy is refused. --slim moves
+# models/ into the git dir (.git/bigs-slim/, which never travels) and out of git's index, so that git
+# neither tracks nor sees it; this is how both H100 runs of 2026-11-27 travelled (5.6 MiB). Undo it
+# with --restore, before committing anything: until then `git status` shows models/ as deleted.
 set -euo pipefail
 cd "$(git rev-parse --show-toplevel)"
 
@@ -27,17 +28,27 @@ BUDGET_S=420
 PYTHON=${PYTHON:-python}
 download=1
 slim=0
+STASH="$(git rev-parse --git-dir)/bigs-slim"
 for arg in "$@"; do
     case "$arg" in
         --slim) slim=1 ;;
         --no-download) download=0 ;;
-        *) echo "usage: $0 [--slim] [--no-download]" >&2; exit 2 ;;
+        --restore)
+            if [ ! -d "$STASH/models" ]; then echo "nothing to restore: $STASH/models does not exist" >&2; exit 1; fi
+            if [ -e models ]; then echo "models/ exists already: move it away before --restore" >&2; exit 1; fi
+            mv "$STASH/models" models && git reset -q -- models && rmdir "$STASH"
+            echo "models/ restored (git status should be clean again)"
+            exit 0 ;;
+        *) echo "usage: $0 [--slim] [--no-download] | --restore" >&2; exit 2 ;;
     esac
 done
 
 if [ "$slim" = 1 ]; then
-    git sparse-checkout set --no-cone '/*' '!/models/'
-    echo "models/ left out of the working tree (undo: git sparse-checkout disable)"
+    if [ -e "$STASH/models" ]; then echo "models/ is already set aside in $STASH" >&2; exit 1; fi
+    mkdir -p "$STASH"
+    git rm -r -q --cached -- models
+    mv models "$STASH/models"
+    echo "models/ moved to $STASH and out of git's index (undo: $0 --restore, before any commit)"
 fi
 
 # 1. The wheels, for CPython 3.12 on x86-64 Linux, into the git-ignored .whl/ (one version of each).
@@ -86,7 +97,7 @@ if total > limit:
     largest = sorted(by_top.items(), key=lambda item: -item[1])[:5]
     print("OVER THE LIMIT: the copy would be refused. Largest: "
           + ", ".join(f"{top} {size / 2**20:.1f} MiB" for top, size in largest)
-          + ". Rerun with --slim to leave models/ out of the working tree.", file=sys.stderr)
+          + ". Rerun with --slim to move models/ out of the checkout.", file=sys.stderr)
     sys.exit(1)
 EOF
 

@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from bench.accelerator import (
+    DETERMINISTIC_XLA_FLAGS,
     GPU_IMAGE_HAS,
     REPORT_JSON,
     REPORT_MD,
@@ -108,6 +109,8 @@ def test_where_a_part_ran_its_claim_holds_on_the_cpu(run):
     if isinstance(report.resume, Resume):
         assert report.resume.resumed_equal and report.resume.resumed == report.resume.uninterrupted
         assert report.resume.repeated_equal
+        # in a process whose XLA runs deterministic ops: on a GPU the run is not equal to itself without them
+        assert DETERMINISTIC_XLA_FLAGS in report.resume.xla_flags.split()
     if isinstance(report.serving, Serving):
         serving = report.serving
         assert serving.export_parity_passed and "cpu" in serving.platforms and "cuda" in serving.platforms
@@ -148,7 +151,8 @@ def test_a_budget_too_small_for_every_part_skips_each_with_its_reason(tmp_path):
 @pytest.mark.slow
 def test_the_check_script_refuses_a_tree_over_the_limit_and_prints_the_call_from_a_slim_one(tmp_path):
     """scripts/accelerator_check.sh in a clone of this repo (its wheels already in .whl/): the tracked
-    tree with models/ is over what can travel, so it stops; with --slim it prints the one call."""
+    tree with models/ is over what can travel, so it stops; with --slim it prints the one call, git neither
+    tracking nor seeing models/; --restore brings the checkout back as it was."""
     clone = tmp_path / "clone"
     subprocess.run(["git", "clone", "--quiet", "--shared", str(ROOT), str(clone)], check=True)
     script = clone / "scripts" / "accelerator_check.sh"
@@ -168,10 +172,17 @@ def test_the_check_script_refuses_a_tree_over_the_limit_and_prints_the_call_from
     slim = check("--slim")
     assert slim.returncode == 0, slim.stderr
     assert not (clone / "models").exists()
-    assert subprocess.run(["git", "status", "--porcelain"], cwd=clone, capture_output=True, text=True).stdout == ""
+
+    def git(*args: str) -> str:
+        return subprocess.run(["git", *args], cwd=clone, capture_output=True, text=True, check=True).stdout
+
+    assert git("ls-files", "models") == "" and git("ls-files", "--others", "--exclude-standard") == ""
     call = [line.strip().partition(":") for line in slim.stdout.splitlines() if line.startswith("  ")]
     lines = {key: value.strip() for key, _, value in call}
     assert lines["carry"] == '[".whl"]' and int(lines["timeout_s"]) <= 480
     command = lines["command"]
     assert len(command) <= 2000 and "bench accelerator --budget-s 420 --out $OUT" in command
     assert command.startswith("python3 -m pip install") and "--target /tmp/site .whl/*.whl" in command
+    restored = subprocess.run(["bash", str(script), "--restore"], cwd=clone, env=env, capture_output=True, text=True)
+    assert restored.returncode == 0, restored.stderr
+    assert (clone / "models").is_dir() and git("status", "--porcelain", "--", "models") == ""
