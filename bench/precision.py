@@ -137,9 +137,8 @@ def candidates(export_dir: Path, buckets: list[int], batch: int, work: Path, qua
     """What the dir and this install have, each runnable on timing feeds and on the gate's batches."""
     import onnxruntime as ort
 
-    from export.gate import gate_batches, gate_inputs, ort_runner
+    from export.gate import ORT_SPIN_WAIT, gate_batches, gate_inputs, ort_runner, ort_sessions
     from export.manifest import read_manifest
-    from export.onnx_runtime import load_sessions
     from export.openvino_runtime import load_compiled, openvino_available
 
     manifest = read_manifest(export_dir)
@@ -152,9 +151,11 @@ def candidates(export_dir: Path, buckets: list[int], batch: int, work: Path, qua
         found.timed[name] = {b: (lambda s=s, f=feeds[b]: s.run(None, f)) for b, s in sessions.items()}
         found.run[name] = ort_runner(sessions)
 
-    add_ort("ort-fp32", load_sessions(export_dir, buckets=buckets, manifest=manifest))
+    # ORT's threads as the service runs them (export/gate.py ORT_SPIN_WAIT): spinning, they take the cores
+    # from the candidate timed after them
+    add_ort("ort-fp32", ort_sessions(export_dir, manifest, buckets=buckets))
     if any(manifest.onnx.buckets[b].int8 is not None for b in buckets):
-        add_ort("ort-int8", load_sessions(export_dir, buckets=buckets, variant="int8", manifest=manifest))
+        add_ort("ort-int8", ort_sessions(export_dir, manifest, "int8", buckets=buckets))
     if quantize:  # quantized here from the fp32 graphs, loaded with ORT's optimisations on
         tokenizer = gate_inputs(export_dir, manifest).tokenizer
         fill_mask = "fill-mask" in manifest.heads
@@ -168,6 +169,7 @@ def candidates(export_dir: Path, buckets: list[int], batch: int, work: Path, qua
                 make(src, dst, calibration)
                 options = ort.SessionOptions()
                 options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED
+                options.add_session_config_entry("session.intra_op.allow_spinning", "1" if ORT_SPIN_WAIT else "0")
                 sessions[b] = ort.InferenceSession(str(dst), options, providers=["CPUExecutionProvider"])
             add_ort(name, sessions)
     if openvino_available():

@@ -194,6 +194,21 @@ VARIANT_HOW = {
 }
 
 
+# The gate and the latency record run ONNX Runtime as the service does: its intra-op threads do not spin
+# after a run (service/settings.py `ort_spin_wait`, off by default). With ORT's default spinning, the
+# threads of the session just timed took both cores from the OpenVINO graph timed after it: bf16 at 512
+# tokens timed 41–44 ms in the record and 23–28 ms alone (2-core AMD EPYC), so `auto` chose the slower
+# int8 at 512 for two defaults.
+ORT_SPIN_WAIT = False
+
+
+def ort_sessions(export_dir: Path, manifest: Manifest, variant: str = "fp32", buckets: list[int] | None = None):
+    """The dir's ORT sessions of `variant`, with the service's thread setting (`ORT_SPIN_WAIT`)."""
+    from .onnx_runtime import load_sessions
+
+    return load_sessions(export_dir, buckets=buckets, variant=variant, manifest=manifest, spin_wait=ORT_SPIN_WAIT)
+
+
 def ort_runner(sessions) -> RunBatch:
     def run(bucket: int, feeds: dict[str, np.ndarray]) -> Outputs:
         session = sessions[bucket]
@@ -221,12 +236,8 @@ class VariantRunner:
 def variant_runner(export_dir: Path, manifest: Manifest, precision: str) -> VariantRunner:
     """Load `precision`'s graphs of the dir into the runtime that serves them; VariantUnavailable where this
     machine cannot run them as that precision (then a measurement would be of something else)."""
-    from .onnx_runtime import load_sessions
-
     if precision == "int8":
-        return VariantRunner(
-            "onnxruntime", "int8", ort_runner(load_sessions(export_dir, variant="int8", manifest=manifest))
-        )
+        return VariantRunner("onnxruntime", "int8", ort_runner(ort_sessions(export_dir, manifest, "int8")))
     if precision == "bf16":
         from .openvino_runtime import effective_precision, load_compiled, openvino_available
 
@@ -261,15 +272,13 @@ class GateInputs:
 def gate_inputs(export_dir: str | Path, manifest: Manifest) -> GateInputs:
     from tokenizers import Tokenizer
 
-    from .onnx_runtime import load_sessions
-
     export_dir = Path(export_dir)
     if not (export_dir / "tokenizer.json").is_file():
         raise ValueError("the accuracy gate runs real text: the export dir needs tokenizer.json")
     tokenizer = Tokenizer.from_file(str(export_dir / "tokenizer.json"))
     tokenizer.no_truncation()
     tokenizer.no_padding()
-    return GateInputs(export_dir, manifest, tokenizer, ort_runner(load_sessions(export_dir, manifest=manifest)))
+    return GateInputs(export_dir, manifest, tokenizer, ort_runner(ort_sessions(export_dir, manifest)))
 
 
 def measure_variant(
