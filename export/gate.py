@@ -197,8 +197,8 @@ VARIANT_HOW = {
 # The gate and the latency record run ONNX Runtime as the service does: its intra-op threads do not spin
 # after a run (service/settings.py `ort_spin_wait`, off by default). With ORT's default spinning, the
 # threads of the session just timed took both cores from the OpenVINO graph timed after it: bf16 at 512
-# tokens timed 41–44 ms in the record and 23–28 ms alone (2-core AMD EPYC), so `auto` chose the slower
-# int8 at 512 for two defaults.
+# tokens timed 41–44 ms in the record and 23–28 ms alone (2-core AMD EPYC), so `auto` ranked the
+# variants by figures the service never sees.
 ORT_SPIN_WAIT = False
 
 

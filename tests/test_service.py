@@ -890,7 +890,7 @@ def test_ort_spin_wait_reaches_every_session(exports, spin_wait):
 def test_the_export_gates_and_times_ort_as_the_service_runs_it(exports):
     """`auto` ranks variants by the export's latency record, so the record times ORT with the service's
     thread setting: with ORT's default spinning, its threads took the cores from the OpenVINO graph timed
-    after it (bf16 at 512 tokens: 41–44 ms in the record, 23–28 ms as served), and `auto` chose int8."""
+    after it (bf16 at 512 tokens: 41–44 ms in the record, 23–28 ms as served)."""
     from export.gate import ort_sessions
     from export.manifest import read_manifest
     from service.settings import ServiceSettings
