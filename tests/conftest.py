@@ -147,6 +147,26 @@ def s4d_params():
     return make
 
 
+@pytest.fixture
+def other_vocab_teacher(tmp_path):
+    """The default teacher's config and weights beside a vocab.txt with ids 2000 and 2001 swapped: the same
+    tokens, another vocabulary. Returns the dir and its vocab.txt's lines."""
+    import shutil
+
+    from model.tokenizer import BERT_UNCASED_VOCAB
+    from training.teacher import default_teacher_dir
+
+    teacher_dir = tmp_path / "other-vocab-bert"
+    teacher_dir.mkdir()
+    source = default_teacher_dir()
+    shutil.copy(source / "config.json", teacher_dir / "config.json")
+    (teacher_dir / "model.safetensors").symlink_to(source / "model.safetensors")
+    lines = BERT_UNCASED_VOCAB.read_text(encoding="utf-8").splitlines()
+    lines[2000], lines[2001] = lines[2001], lines[2000]
+    (teacher_dir / "vocab.txt").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return teacher_dir, lines
+
+
 # -- the service's tiny exported models (tests/service_fixtures.py), shared by every service test module --
 
 

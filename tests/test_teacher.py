@@ -6,7 +6,6 @@ another vocabulary refused by name."""
 from __future__ import annotations
 
 import json
-import shutil
 
 import jax
 import numpy as np
@@ -83,15 +82,8 @@ def test_sentence_embedding_is_mean_pool_then_normalize(reference, backend):
     assert np.abs(got - st.encode(TEXTS, convert_to_numpy=True)).max() <= 1e-5
 
 
-def test_a_dir_with_another_vocabulary_is_refused_by_name(tmp_path):
-    teacher_dir = tmp_path / "other-vocab-bert"
-    teacher_dir.mkdir()
-    source = default_teacher_dir()
-    shutil.copy(source / "config.json", teacher_dir / "config.json")
-    (teacher_dir / "model.safetensors").symlink_to(source / "model.safetensors")
-    lines = BERT_UNCASED_VOCAB.read_text(encoding="utf-8").splitlines()
-    lines[2000], lines[2001] = lines[2001], lines[2000]  # same tokens, two ids swapped
-    (teacher_dir / "vocab.txt").write_text("\n".join(lines) + "\n", encoding="utf-8")
+def test_a_dir_with_another_vocabulary_is_refused_by_name(other_vocab_teacher):
+    teacher_dir, lines = other_vocab_teacher  # same tokens, two ids swapped
     with pytest.raises(ValueError) as error:
         Teacher.from_dir(teacher_dir)
     message = str(error.value)
