@@ -6,14 +6,20 @@ CPUs that have it and AVX512_BF16 on those that have only that (OpenVINO picks b
 such CPUs: the hint is always set, so "fp32" means fp32). No graph is written for bf16: the export
 dir's fp32 graphs are the bf16 variant's graphs, and `export/parity.py` measures its accuracy.
 
-Weights: `read_model` maps `weights.bin`; compiling converts the weights to the plugin's own layout
-and precision, once per bucket: unlike the ORT sessions (export/onnx_runtime.py), the buckets do
-not share one copy (bigs-mini at buckets 128 and 512: +235 MiB resident against ORT's +108 MiB).
+Weights: `read_model` maps `weights.bin` afresh for every graph, and each compiled bucket keeps its own
+copy of every weight it does not convert (the word embeddings, the SSM kernels): six buckets of
+bigs-mini-news at bf16 held 6 x ~90 MB. Given `weights` (the arrays ORT's sessions already run on,
+export/onnx_runtime.py `map_weights`), each graph's constants are swapped for constants over that
+memory before compiling (`share_weights`), so a model served by both runtimes, or by OpenVINO at
+several buckets, holds its weights once; what a bucket adds is then only the products' weights
+repacked at bf16 and its buffers (same model, six buckets: 649 -> 383 MB resident with the weights
+mapped once). Nothing refers to the file after loading, as for ORT (no SIGBUS if it is rewritten).
 
 Each call runs on an infer request of its own thread (`threading.local`): the service's lanes call
 from two threads, and one OpenVINO infer request must not run two inferences at once.
 
     compiled = load_compiled("export_dir", precision="bf16")   # {128: CompiledBucket, …}
+    compiled = load_compiled("export_dir", weights=map_weights("export_dir", in_memory=True))  # one copy
     outputs = compiled[128].run(feeds)                        # {"logits": …, "embeddings": …}
     one = compile_graph("any.onnx", precision="bf16")         # one graph file by path (the benchmarks)
 """
@@ -47,6 +53,7 @@ class CompiledBucket:
     compiled: object  # openvino.CompiledModel
     input_names: list[str]
     output_names: list[str]
+    weights: object = None  # what the graph's shared constants point into, kept alive with it (`share_weights`)
     _local: threading.local = field(default_factory=threading.local)
 
     def run(self, feeds: dict[str, np.ndarray], outputs: list[str] | None = None) -> dict[str, np.ndarray]:
@@ -70,17 +77,48 @@ def compile_config(precision: str, threads: int | None = None) -> dict[str, str]
     return config
 
 
-def compile_graph(path: str | Path, precision: str = "bf16", threads: int | None = None, core=None) -> CompiledBucket:
+def share_weights(model, arrays: dict[str, np.ndarray]) -> int:
+    """Swap each constant of `model` (an `openvino.Model` read from an export's graph) that is one of
+    `arrays` (the export's weights by name: OpenVINO's ONNX reader names a constant after its
+    initializer) for a constant over that array's memory, no copy. A constant whose shape or type
+    differs is left as read. Returns how many were swapped."""
+    import openvino as ov
+
+    swapped = 0
+    for op in model.get_ops():
+        if op.get_type_name() != "Constant":
+            continue
+        array = arrays.get(op.get_friendly_name())
+        if array is None or tuple(array.shape) != tuple(op.get_output_shape(0)):
+            continue
+        if array.dtype != op.get_output_element_type(0).to_dtype():
+            continue
+        shared = ov.op.Constant(array, shared_memory=True)
+        shared.set_friendly_name(op.get_friendly_name())
+        op.output(0).replace(shared.output(0))
+        swapped += 1
+    return swapped
+
+
+def compile_graph(
+    path: str | Path, precision: str = "bf16", threads: int | None = None, core=None, weights=None
+) -> CompiledBucket:
     """One ONNX graph file compiled by OpenVINO's CPU plugin at `precision` (`compile_config`); its
-    inputs and outputs are named as in the graph. `core`: an `openvino.Core` to reuse across calls."""
+    inputs and outputs are named as in the graph. `core`: an `openvino.Core` to reuse across calls.
+    `weights`: the export's weights already in memory (export/onnx_runtime.py `MappedWeights`), which
+    the graph's constants then point into (`share_weights`) instead of holding a copy of their own."""
     import openvino as ov
 
     core = core or ov.Core()
-    compiled = core.compile_model(core.read_model(str(path)), "CPU", compile_config(precision, threads))
+    model = core.read_model(str(path))
+    if weights is not None:
+        share_weights(model, weights.arrays)
+    compiled = core.compile_model(model, "CPU", compile_config(precision, threads))
     return CompiledBucket(
         compiled,
         [port.get_any_name() for port in compiled.inputs],
         [port.get_any_name() for port in compiled.outputs],
+        weights,
     )
 
 
@@ -90,8 +128,10 @@ def load_compiled(
     buckets: list[int] | None = None,
     threads: int | None = None,
     manifest: Manifest | None = None,
+    weights=None,
 ) -> dict[int, CompiledBucket]:
-    """{bucket: CompiledBucket} of the export dir's fp32 ONNX graphs at `precision`."""
+    """{bucket: CompiledBucket} of the export dir's fp32 ONNX graphs at `precision`; with `weights`
+    (its `map_weights`), every bucket's constants over that one copy (`compile_graph`)."""
     import openvino as ov
 
     export_dir = Path(export_dir)
@@ -100,7 +140,7 @@ def load_compiled(
         raise ValueError(f"{export_dir} has no ONNX graphs (export with --formats onnx)")
     core = ov.Core()
     return {
-        bucket: compile_graph(export_dir / manifest.onnx.graph(bucket, "fp32").file, precision, threads, core)
+        bucket: compile_graph(export_dir / manifest.onnx.graph(bucket, "fp32").file, precision, threads, core, weights)
         for bucket in sorted(manifest.onnx.buckets)
         if buckets is None or bucket in buckets
     }

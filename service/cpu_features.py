@@ -21,7 +21,14 @@ kernels exist but emulate, and are no faster than fp32 or slower):
 
 On the CPU the export timed the variants on (the same model name and flags), `auto` serves per
 bucket the fastest of fp32 and the variants that passed there, by those figures: they are this
-model's on this CPU. Elsewhere (another CPU, or a dir without the figures) it goes by the flags:
+model's on this CPU. Memory counts too: fp32 and int8 run on ONNX Runtime over the one copy of the
+model's weights, while bf16 runs on OpenVINO, whose every compiled bucket adds its products' weights
+repacked and buffers of its own (+30 to +70 MB a bucket for a d = 256 model; five defaults served
+bf16 where it measured faster held 1.5 GB against 0.8 GB at int8). So bf16 is taken at a bucket only
+where it is `bf16_min_speedup` times faster than the ONNX Runtime choice there (`BF16_MIN_SPEEDUP`,
+1.5x: below that the gain is within the record's own spread, up to 1.3x between five defaults of one
+shape timed on one machine, and does not pay for the memory); the setting
+`auto_bf16_min_speedup` = 1 takes the fastest whatever its memory. Elsewhere (another CPU, or a dir without the figures) it goes by the flags:
 preference among the precisions a CPU runs fast and whose variants passed, `preference`, from
 measurements of the served variants (docs/DESIGN.md §4.5): on a VNNI CPU without AMX, ORT int8
 beats fp32 at every bucket and OpenVINO bf16 on AVX512_BF16 does not beat int8; on AMX both are
@@ -57,6 +64,11 @@ FLAG_LABELS = {**FLAG_NAMES, "avx2": "AVX2"}  # the reasons' names of the flags 
 # tiles). Without them ORT sums each pair in int16 first (AVX2's vpmaddubsw), which saturates where two
 # products of a uint8 activation and an 8-bit weight exceed 32,767; 7-bit weights (reduce_range) cannot.
 EXACT_INT8_WITH = ("amx_int8", "avx512_vnni", "avx_vnni")
+
+# How much faster than the ONNX Runtime choice (fp32 or int8, over the model's one copy of the weights) a
+# bucket's bf16 must measure for `auto` to serve it on OpenVINO, which holds per bucket a compiled copy
+# of the products' weights and buffers of its own (module docstring)
+BF16_MIN_SPEEDUP = 1.5
 
 
 def int8_saturates(weight_bits: int, flags: Iterable[str]) -> bool:
@@ -131,6 +143,7 @@ def choose_precision(
     buckets: Iterable[int],
     latency: LatencyRecord | None = None,
     cpu: str = "",
+    bf16_min_speedup: float = BF16_MIN_SPEEDUP,
 ) -> PrecisionChoice:
     """The precision to serve at each of `buckets`.
 
@@ -139,7 +152,8 @@ def choose_precision(
     model, so a variant that failed at one bucket is refused rather than served in part.
     `auto`, where `latency` (the manifest's) was measured on a CPU described as `cpu` (this one,
     export/cpu.py `cpu_description`): per bucket, the fastest measured of fp32 and the variants the dir
-    has whose gate passed at that bucket (`_auto_by_latency`). Otherwise, per bucket, the first of
+    has whose gate passed at that bucket, bf16 only where it is `bf16_min_speedup` times faster than
+    the fastest of the others (`_auto_by_latency`). Otherwise, per bucket, the first of
     `preference(flags)` that this CPU runs fast, that the dir has and whose gate passed at that bucket;
     fp32 at a bucket where none does."""
     flags, buckets = frozenset(flags), sorted(buckets)
@@ -168,7 +182,7 @@ def choose_precision(
 
     figures, not_measured = latency_here(latency, cpu, variants, buckets)
     if figures is not None:
-        return _auto_by_latency(flags, variants, buckets, figures)
+        return _auto_by_latency(flags, variants, buckets, figures, bf16_min_speedup)
 
     # No figures for this CPU: the order by its flags, which measurements on a few CPUs and models
     # set (module docstring). The candidates auto may use somewhere (fast here, present, passed at some bucket); the others get
@@ -254,11 +268,17 @@ def latency_here(
 
 
 def _auto_by_latency(
-    flags: frozenset[str], variants: dict[Precision, VariantStatus], buckets: list[int], ms: dict[str, dict[int, float]]
+    flags: frozenset[str],
+    variants: dict[Precision, VariantStatus],
+    buckets: list[int],
+    ms: dict[str, dict[int, float]],
+    bf16_min_speedup: float = BF16_MIN_SPEEDUP,
 ) -> PrecisionChoice:
     """`auto` on the CPU the export timed: per bucket, the fastest of fp32 and the variants whose gate
-    passed there, by the recorded figures. The CPU's flags only break a tie (`preference`); a variant
-    this CPU "lacks the flags for" is still served where it measured fastest here."""
+    passed there, by the recorded figures, except that bf16 (a second runtime, with memory of its own
+    per bucket) must beat the fastest of the others by `bf16_min_speedup`. The CPU's flags only break a
+    tie (`preference`); a variant this CPU "lacks the flags for" is still served where it measured
+    fastest here."""
     whole_model: list[str] = []
     usable: list[Precision] = []
     for precision in preference(flags):
@@ -275,7 +295,16 @@ def _auto_by_latency(
     def candidates(bucket: int) -> list[str]:  # in tie-breaking order: the flags' preference, then fp32
         return [p for p in usable if variants[p].passed_at(bucket)] + ["fp32"]
 
-    by_bucket: dict[int, Precision] = {b: min(candidates(b), key=lambda p, b=b: ms[p][b]) for b in buckets}
+    def fastest_on_one_copy(bucket: int) -> Precision:  # ONNX Runtime's: fp32 or int8, over the one weights copy
+        return min((p for p in candidates(bucket) if p != "bf16"), key=lambda p: ms[p][bucket])
+
+    def bf16_pays(bucket: int) -> bool:
+        return (
+            "bf16" in candidates(bucket)
+            and ms["bf16"][bucket] * bf16_min_speedup < ms[fastest_on_one_copy(bucket)][bucket]
+        )
+
+    by_bucket: dict[int, Precision] = {b: "bf16" if bf16_pays(b) else fastest_on_one_copy(b) for b in buckets}
 
     reasons = list(whole_model)
     for precision in (*usable, "fp32"):
@@ -289,6 +318,14 @@ def _auto_by_latency(
             figures.append(figure if len(at) == 1 else f"at {b}: {figure}")
         contested = any(len(candidates(b)) > 1 for b in at)  # else fp32 alone: nothing was faster to take
         why = [f"fastest measured on this CPU ({'; '.join(figures)})"] if contested else []
+        if precision == "bf16":
+            why = [f"fastest measured on this CPU, by {bf16_min_speedup:g}x or more ({'; '.join(figures)})"]
+        passed_over = [b for b in at if "bf16" in candidates(b) and ms["bf16"][b] < ms[precision][b]]
+        if passed_over:  # bf16 measured faster here, not by enough to pay for OpenVINO's memory
+            gains = ", ".join(f"{ms[precision][b] / ms['bf16'][b]:.2f}x at {b}" for b in passed_over)
+            why = [f"the fastest on the model's one copy of the weights ({'; '.join(figures)})",
+                   f"bf16 faster by {gains}, under the {bf16_min_speedup:g}x that pays for OpenVINO's "
+                   "memory per bucket (auto_bf16_min_speedup)"]  # fmt: skip
         for other in usable:  # a variant left out at these buckets by its gate, not by its speed
             failed = [(b, variants[other].bucket_failures.get(b) or "not measured") for b in at
                       if not variants[other].passed_at(b)]  # fmt: skip
@@ -346,7 +383,9 @@ def _openvino_installed() -> bool:
     return importlib.util.find_spec("openvino") is not None
 
 
-def precision_for_model(setting: PrecisionSetting, runtime: str, manifest) -> PrecisionChoice:
+def precision_for_model(
+    setting: PrecisionSetting, runtime: str, manifest, bf16_min_speedup: float = BF16_MIN_SPEEDUP
+) -> PrecisionChoice:
     """The precision each bucket of one served model runs at: reduced precision is a variant of the
     ONNX graphs, so other runtimes serve fp32 (an explicit int8/bf16 with them is an error)."""
     if runtime != "onnx":
@@ -356,5 +395,11 @@ def precision_for_model(setting: PrecisionSetting, runtime: str, manifest) -> Pr
         return PrecisionChoice(dict.fromkeys(buckets, "fp32"), [f"runtime {runtime} serves fp32"])
     flags, cpu = cpu_flags(), cpu_description()
     return choose_precision(
-        setting, flags, variant_statuses(manifest, flags, cpu), manifest.buckets, manifest.latency, cpu
+        setting,
+        flags,
+        variant_statuses(manifest, flags, cpu),
+        manifest.buckets,
+        manifest.latency,
+        cpu,
+        bf16_min_speedup,
     )

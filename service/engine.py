@@ -132,7 +132,9 @@ class ModelEngine:
         self.tokenizer = RequestTokenizer(self.export_dir / "tokenizer.json", self.max_length)
         kind = runtime or settings.runtime
         if kind == settings.runtime:
-            self.precision_choice = precision_for_model(settings.precision, settings.runtime, manifest)
+            self.precision_choice = precision_for_model(
+                settings.precision, settings.runtime, manifest, settings.auto_bf16_min_speedup
+            )
         else:  # the artifact itself, the reference its export is measured against, until the export is done
             self.precision_choice = PrecisionChoice(dict.fromkeys(manifest.buckets, "fp32"),
                                                     ["the artifact on torch until its export is done"])  # fmt: skip
@@ -174,7 +176,9 @@ class ModelEngine:
         if list(manifest.heads) != self.heads or sorted(manifest.buckets) != self.buckets:
             raise ValueError(f"{export_dir} serves {manifest.heads} at {manifest.buckets}, the model "
                              f"{self.heads} at {self.buckets}")  # fmt: skip
-        choice = precision_for_model(self.settings.precision, self.settings.runtime, manifest)
+        choice = precision_for_model(
+            self.settings.precision, self.settings.runtime, manifest, self.settings.auto_bf16_min_speedup
+        )
         runtime = self._load_runtime(self.settings.runtime, Path(export_dir), manifest, choice)
         if self.settings.warmup:
             self.batcher.warm_up(runtime=runtime)

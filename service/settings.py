@@ -11,6 +11,8 @@ from typing import Annotated, Literal
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
+from .cpu_features import BF16_MIN_SPEEDUP
+
 
 class ServiceSettings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="BIGS_", extra="ignore")
@@ -34,8 +36,16 @@ class ServiceSettings(BaseSettings):
         "auto",
         description="auto: per model and bucket, the fastest reduced-precision variant of its export dir that "
         "passed its accuracy gate at that bucket and that this CPU runs fast (int8 with VNNI or AMX-INT8, bf16 with "
-        "AMX-BF16), else fp32; int8 or bf16: that variant at every bucket (its gate passed at every bucket) or a "
+        "AMX-BF16), else fp32 (bf16 only where it pays for its memory: auto_bf16_min_speedup); int8 or bf16: that variant at every bucket (its gate passed at every bucket) or a "
         "start-up error (runtime onnx; bf16 runs on OpenVINO)",
+    )
+    auto_bf16_min_speedup: float = Field(
+        BF16_MIN_SPEEDUP,
+        ge=1.0,
+        description="precision auto serves a bucket at bf16 (OpenVINO: a compiled copy of the products' weights and "
+        "buffers of its own per bucket, +30 to +70 MB each for a d = 256 model) only where the export's latency "
+        "record timed it this many times faster than the fastest of fp32 and int8 (ONNX Runtime, over the model's "
+        "one copy of the weights); 1: the fastest whatever its memory",
     )
     host: str = Field("127.0.0.1", description="address to listen on (0.0.0.0: every interface, as in the image)")
     port: int = Field(8000, ge=1, le=65535, description="TCP port to listen on")

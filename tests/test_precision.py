@@ -33,6 +33,7 @@ import numpy as np
 import pytest
 
 from service.cpu_features import (
+    BF16_MIN_SPEEDUP,
     PrecisionUnavailable,
     VariantStatus,
     choose_precision,
@@ -214,7 +215,7 @@ def test_auto_on_the_cpu_that_was_timed_serves_at_each_bucket_the_fastest_varian
     assert choice.reasons == [
         "int8 at 128, 4096: fastest measured on this CPU (at 128: 2 ms vs bf16 3 ms, fp32 5 ms; "
         "at 4096: 60 ms vs fp32 90 ms); bf16 failed its gate at 4096: max abs logit diff 2.1 > 2",
-        "bf16 at 512: fastest measured on this CPU (10 ms vs int8 25 ms, fp32 20 ms)",
+        "bf16 at 512: fastest measured on this CPU, by 1.5x or more (10 ms vs int8 25 ms, fp32 20 ms)",
         "fp32 at 1024: fastest measured on this CPU (30 ms vs int8 40 ms, bf16 35 ms)",
     ]  # in the order of this CPU's preference, fp32 last
     # fp32 faster everywhere: fp32, although every variant passed
@@ -222,6 +223,36 @@ def test_auto_on_the_cpu_that_was_timed_serves_at_each_bucket_the_fastest_varian
     assert (
         choose_precision("auto", ZEN4, {"int8": PASSED, "bf16": PASSED}, BUCKETS, slower, THIS_CPU).precision == "fp32"
     )
+
+
+def test_auto_serves_bf16_on_openvino_only_where_it_beats_the_one_weights_copy_by_the_min_speedup():
+    # bf16 faster everywhere than int8 and fp32 (ONNX Runtime, one copy of the weights), by 1.25x at 128 and
+    # 512, by 2x at 1024 and 4096: a second runtime's memory per bucket is paid only at the last two
+    record = timed(fp32=[10, 20, 80, 160], int8=[5, 10, 40, 80], bf16=[4, 8, 20, 40])
+    variants = {"int8": PASSED, "bf16": PASSED}
+    choice = choose_precision("auto", ZEN4, variants, BUCKETS, record, THIS_CPU)
+    assert choice.by_bucket == {128: "int8", 512: "int8", 1024: "bf16", 4096: "bf16"}, choice.explain()
+    assert choice.reasons[0] == (
+        "int8 at 128, 512: the fastest on the model's one copy of the weights (at 128: 5 ms vs bf16 4 ms, "
+        "fp32 10 ms; at 512: 10 ms vs bf16 8 ms, fp32 20 ms); bf16 faster by 1.25x at 128, 1.25x at 512, "
+        "under the 1.5x that pays for OpenVINO's memory per bucket (auto_bf16_min_speedup)"
+    )
+    # 1: the fastest whatever its memory (bf16 everywhere); a higher bar: none
+    assert choose_precision("auto", ZEN4, variants, BUCKETS, record, THIS_CPU, 1.0).precision == "bf16"
+    assert choose_precision("auto", ZEN4, variants, BUCKETS, record, THIS_CPU, 2.5).precision == "int8"
+    # where int8 failed its gate, bf16 is measured against fp32
+    choice = choose_precision("auto", ZEN4, {"int8": failing_at(128), "bf16": PASSED}, BUCKETS, record, THIS_CPU)
+    assert choice.by_bucket[128] == "bf16"
+
+
+def test_the_bf16_min_speedup_is_a_service_setting_of_at_least_1(monkeypatch):
+    from service.settings import ServiceSettings
+
+    assert ServiceSettings().auto_bf16_min_speedup == BF16_MIN_SPEEDUP
+    monkeypatch.setenv("BIGS_AUTO_BF16_MIN_SPEEDUP", "1")
+    assert ServiceSettings().auto_bf16_min_speedup == 1.0
+    with pytest.raises(ValueError):
+        ServiceSettings(auto_bf16_min_speedup=0.5)  # below 1 would serve bf16 slower than the one-copy choice
 
 
 def test_auto_with_a_latency_record_of_another_cpu_none_or_an_incomplete_one_goes_by_the_cpus_flags():
@@ -517,10 +548,17 @@ def test_auto_with_this_cpus_latency_record_serves_per_bucket_the_fastest_varian
 
     manifest = read_manifest(default_exports["cls"])
     assert manifest.precisions["int8"].passed, manifest.precisions["int8"].failures()
-    # the figures export recorded: at each bucket the fastest of fp32 and the variants that passed there
+    # the figures export recorded: at each bucket the fastest of fp32 and the variants that passed there,
+    # bf16 only where it beats the fastest of the others by BF16_MIN_SPEEDUP
     recorded = manifest.latency.ms
     passing = [p for p, v in manifest.precisions.items() if v.passed]
-    expected = {b: min(["fp32", *passing], key=lambda p, b=b: recorded[p][b]) for b in manifest.buckets}
+    fastest = {b: min(["fp32", *passing], key=lambda p, b=b: recorded[p][b]) for b in manifest.buckets}
+    assert precision_for_model("auto", "onnx", manifest, bf16_min_speedup=1.0).by_bucket == fastest
+    one_copy = {b: min(["fp32", *set(passing) - {"bf16"}], key=lambda p, b=b: recorded[p][b]) for b in manifest.buckets}
+    expected = {
+        b: "bf16" if "bf16" in passing and recorded["bf16"][b] * BF16_MIN_SPEEDUP < recorded[p][b] else p
+        for b, p in one_copy.items()
+    }
     assert precision_for_model("auto", "onnx", manifest).by_bucket == expected
     # figures that decide differently per bucket, whatever this CPU's flags would prefer
     tampered = read_manifest(_with_latency(default_exports["cls"], tmp_path, ms=_int8_first_then_fp32(manifest)))
@@ -759,6 +797,44 @@ def test_bf16_on_openvino_at_one_bucket_and_int8_on_ort_at_another_are_one_runti
     whole = {p: _runtime(export_dir, p) for p in ("bf16", "int8")}
     sequences = _sequences(tokenizer, 3, seed=2)
     _assert_each_bucket_answers_as_its_whole_model_runtime(mixed, whole, sequences)
+
+    # one copy of the weights for both runtimes: OpenVINO's constants point into the arrays ORT runs on
+    assert mixed.of_bucket[128].compiled[128].weights is mixed.of_bucket[512].sessions[512].bigs_shared_weights
+
+
+@pytest.mark.slow
+def test_openvino_over_the_weights_ort_holds_swaps_every_weight_and_answers_exactly_as_from_the_file(
+    variant_exports, tokenizer
+):
+    """OpenVINO's buckets compiled over the weights already in memory (not a copy of their own per bucket)
+    hold no constant of the weights table of their own, and compute bit for bit what they compute from
+    the file."""
+    import onnx
+    import openvino as ov
+
+    from export.manifest import read_manifest
+    from export.onnx_runtime import map_weights
+    from export.openvino_runtime import load_compiled, share_weights
+
+    precisions = ["fp32", "bf16"] if bf16_runs_here() else ["fp32"]
+    for name, export_dir in variant_exports.items():
+        manifest = read_manifest(export_dir)
+        weights = map_weights(export_dir, manifest, in_memory=True)
+        graph = export_dir / manifest.onnx.graph(128, "fp32").file
+        in_table = [
+            t.name for t in onnx.load(graph, load_external_data=False).graph.initializer if t.name in weights.arrays
+        ]
+        assert share_weights(ov.Core().read_model(str(graph)), weights.arrays) == len(in_table) > 0, name
+        sequences = _sequences(tokenizer, 3, seed=3)
+        for precision in precisions:
+            own = load_compiled(export_dir, precision, buckets=[128], manifest=manifest)[128]
+            shared = load_compiled(export_dir, precision, buckets=[128], manifest=manifest, weights=weights)[128]
+            assert shared.weights is weights and own.weights is None
+            feeds = _batch(sequences, 128)
+            feeds["mask_positions"] = np.array([[1], [2], [3]])
+            got, want = shared.run(feeds), own.run(feeds)
+            for output in own.output_names:
+                np.testing.assert_array_equal(got[output], want[output], err_msg=f"{name} {precision} {output}")
 
 
 # -- through the real service ---------------------------------------------------------------------

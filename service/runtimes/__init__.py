@@ -9,7 +9,8 @@
 Precision `auto` decides per bucket (service/cpu_features.py), so one model may be served int8 at
 some buckets and fp32 at others (one ORT runtime, sessions of either graph over the one weights
 file), or bf16 at some: then its bf16 buckets are an OpenVINO runtime's and the rest an ORT
-runtime's, and `PerBucketRuntime` is the one place a bucket is sent to its runtime.
+runtime's, and `PerBucketRuntime` is the one place a bucket is sent to its runtime. Either way the
+model's weights are in memory once: `load_runtime` reads them and hands the same arrays to both.
 - stablehlo the export dir's `jax.export` artifacts, called with no model code.
 - torch     the torch model of the artifact itself, eager: the reference the others are measured
             against (needs the `torch` extra).
@@ -60,17 +61,24 @@ def load_runtime(
     if kind != "onnx" and set(by_bucket.values()) - {"fp32"}:
         raise ValueError(f"precision {summary_precision(by_bucket)} needs runtime onnx (runtime {kind} serves fp32)")
     if kind == "onnx":
+        from export.onnx_runtime import map_weights
+
+        # the weights, read once: ORT's sessions and OpenVINO's compiled buckets all run over this copy.
+        # Read, not mapped: a weights file changed under the server changes nothing (no SIGBUS)
+        weights = map_weights(export_dir, manifest, in_memory=True)
         parts: list[Runtime] = []
         bf16 = [b for b, p in by_bucket.items() if p == "bf16"]
         if bf16:
             from .openvino import OpenVinoRuntime
 
-            parts.append(OpenVinoRuntime(export_dir, manifest, "bf16", intra_op_threads, buckets=bf16))
+            parts.append(OpenVinoRuntime(export_dir, manifest, "bf16", intra_op_threads, bf16, weights))
         on_ort = {b: p for b, p in by_bucket.items() if p != "bf16"}
         if on_ort:
             from .onnx import OnnxRuntime
 
-            parts.append(OnnxRuntime(export_dir, manifest, intra_op_threads, ort_spin_wait, ort_shared_arena, on_ort))
+            parts.append(
+                OnnxRuntime(export_dir, manifest, intra_op_threads, ort_spin_wait, ort_shared_arena, on_ort, weights)
+            )
         return parts[0] if len(parts) == 1 else PerBucketRuntime(parts)
     if kind == "stablehlo":
         from .stablehlo import StableHLORuntime

@@ -13,7 +13,7 @@ import onnxruntime as ort
 
 from export.heads import MASK_POSITIONS, signature
 from export.manifest import Manifest
-from export.onnx_runtime import load_sessions, map_weights
+from export.onnx_runtime import MappedWeights, load_sessions, map_weights
 
 from ..cpu_features import summary_precision
 
@@ -35,12 +35,13 @@ class OnnxRuntime:
         spin_wait: bool = False,
         shared_arena: bool = True,
         precision: str | dict[int, str] = "fp32",  # or "int8"; or per bucket, {bucket: "fp32" | "int8"}
+        weights: MappedWeights | None = None,  # the model's weights already read (shared with OpenVINO's buckets)
     ):
         self.heads = list(manifest.heads)
         if isinstance(precision, str):
             precision = dict.fromkeys(manifest.buckets, precision)
         # a weights file changed under the server changes nothing (no SIGBUS): read, not mapped
-        shared = map_weights(export_dir, manifest, in_memory=True)
+        shared = weights or map_weights(export_dir, manifest, in_memory=True)
         self.sessions = {}
         for variant in sorted(set(precision.values())):
             self.sessions |= load_sessions(  # one graph per bucket serves every head: outputs chosen per call

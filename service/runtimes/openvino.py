@@ -1,9 +1,10 @@
 """OpenVINO: the export dir's fp32 ONNX graphs at bf16 (precision bf16), one compiled model per bucket.
 
 Same graphs as the onnx runtime, so the same heads and signatures: one graph per bucket computes
-its head's logits and the embeddings, and the output the head asks for is returned. Weights: the
-file is mapped by OpenVINO once per graph read, and each compiled bucket holds its weights in
-bf16 (export/openvino_runtime.py).
+its head's logits and the embeddings, and the output the head asks for is returned. Weights: given the
+model's weights in memory (what `load_runtime` reads once for both runtimes), every bucket's
+constants point into them; each compiled bucket adds its products' weights repacked at bf16
+(export/openvino_runtime.py `share_weights`).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import numpy as np
 
 from export.heads import MASK_POSITIONS, signature
 from export.manifest import Manifest
+from export.onnx_runtime import MappedWeights
 from export.openvino_runtime import load_compiled
 
 
@@ -27,11 +29,12 @@ class OpenVinoRuntime:
         precision: str = "bf16",
         intra_op_threads: int = 0,
         buckets: list[int] | None = None,  # None: every bucket; else the buckets this runtime serves
+        weights: MappedWeights | None = None,  # the model's weights in memory, which every bucket's constants share
     ):
         self.heads = list(manifest.heads)
         self.precision = precision
         self.compiled = load_compiled(
-            export_dir, precision, buckets=buckets, threads=intra_op_threads or None, manifest=manifest
+            export_dir, precision, buckets=buckets, threads=intra_op_threads or None, manifest=manifest, weights=weights
         )
         self.buckets = sorted(self.compiled)
         self.precisions = dict.fromkeys(self.buckets, precision)
