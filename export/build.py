@@ -428,7 +428,7 @@ def summary(manifest: Manifest, out_dir: str | Path) -> str:
                 f"    {len(search.fp32)} of {search.products} weight products left fp32 "
                 f"({search.chosen.fp32_macs_share:.0%} of their multiply-adds) by the int8 search at bucket "
                 f"{search.bucket} ({len(search.tries)} {'try' if len(search.tries) == 1 else 'tries'}); "
-                f"weights {search.weight_bits}-bit"
+                f"weights {search.weight_bits}-bit" + ("; smoothed (SmoothQuant-style)" if search.smoothing else "")
             )
     if manifest.latency is not None:
         figures = manifest.latency.ms

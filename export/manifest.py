@@ -179,6 +179,7 @@ class Int8Try(_Section):
     fp32_products: int
     fp32_macs_share: float  # of the weight products' multiply-adds, the share those products hold
     gate: GateMeasured
+    smoothed: bool = False  # the int8 products smoothed first (SmoothQuant-style; `Int8Search.smoothing`)
 
 
 class Fp32Product(_Section):
@@ -199,6 +200,8 @@ class Int8Search(_Section):
     weight_bits: Literal[7, 8]  # 7: reduce_range, integer products exact on every x86 int8 kernel
     per_channel: bool
     ranked_by: str
+    # how the int8 products were smoothed before quantizing (export/int8_search.py), None: not smoothed
+    smoothing: str | None = None
     products: int  # the weight products int8 may quantize (the SSM convolutions and the Gemms are not among them)
     tries: list[Int8Try]
     fp32: list[Fp32Product] = Field(default_factory=list)
@@ -206,8 +209,9 @@ class Int8Search(_Section):
 
     @property
     def chosen(self) -> Int8Try:
-        """The try whose recipe the graphs were quantized with: `fp32` left in fp32."""
-        return next(t for t in self.tries if t.fp32_products == len(self.fp32))
+        """The try whose recipe the graphs were quantized with: `fp32` left in fp32, smoothed or not."""
+        smoothed = self.smoothing is not None
+        return next(t for t in self.tries if t.fp32_products == len(self.fp32) and t.smoothed == smoothed)
 
 
 class PrecisionVariant(_Section):

@@ -172,6 +172,10 @@ class Int8Recipe:
     per_channel: bool = True
     reduce_range: bool = True
     fp32_weights: frozenset[str] = frozenset()
+    # SmoothQuant-style scaling (export/int8_search.py `smoothing_factors`): weight name → s, one factor per
+    # input channel; the product x·W becomes (x / s)·(s W), so that the activation's outlier channels,
+    # which set its one per-tensor range, are shrunk before quantizing and the weights take the scale
+    smoothing: dict[str, np.ndarray] = field(default_factory=dict, compare=False)
 
     @property
     def weight_bits(self) -> int:
@@ -187,12 +191,60 @@ def weight_products(model: onnx.ModelProto) -> list[onnx.NodeProto]:
     ]
 
 
+SMOOTHED_SUFFIX = ".smoothed"  # a smoothed product's scaled weight: its own tensor, the fp32 graph's is untouched
+
+
+def smooth_products(src: Path, dst: Path, smoothing: dict[str, np.ndarray], skip: frozenset[str]) -> int:
+    """The graph `src` with each weight product whose weight is in `smoothing` (and not in `skip`) computed
+    as (x / s)·(s W): a Mul by 1/s on its input, and its weight scaled by s under a name of its own
+    (`SMOOTHED_SUFFIX`). The same products in fp32; written to `dst` with its weights beside it. Returns
+    how many products were smoothed."""
+    model = onnx.load(str(src), load_external_data=True)
+    initializers = {init.name: init for init in model.graph.initializer}
+    products = {n.name for n in weight_products(model)}
+    nodes, smoothed = [], 0
+    for node in model.graph.node:
+        weight = node.input[1] if node.name in products else None
+        if weight is None or weight not in smoothing or weight in skip:
+            nodes.append(node)
+            continue
+        factors = smoothing[weight].astype(np.float32)
+        scaled = numpy_helper.to_array(initializers[weight]) * factors[:, None]
+        inverse = f"{weight}{SMOOTHED_SUFFIX}.inverse_scale"
+        for name, array in ((weight + SMOOTHED_SUFFIX, scaled), (inverse, 1.0 / factors)):
+            if name not in initializers:
+                initializers[name] = numpy_helper.from_array(array.astype(np.float32), name)
+                model.graph.initializer.append(initializers[name])
+        divided = f"{node.name}{SMOOTHED_SUFFIX}.input"
+        nodes.append(
+            onnx.helper.make_node("Mul", [node.input[0], inverse], [divided], name=f"{node.name}{SMOOTHED_SUFFIX}")
+        )
+        node.input[0], node.input[1] = divided, weight + SMOOTHED_SUFFIX
+        nodes.append(node)
+        smoothed += 1
+    del model.graph.node[:]
+    model.graph.node.extend(nodes)
+    onnx.save(model, str(dst), save_as_external_data=True, location=f"{dst.name}.weights")
+    return smoothed
+
+
 def quantize_int8(src: Path, dst: Path, recipe: Int8Recipe | None = None, per_channel: bool | None = None) -> None:
     """Dynamic int8 of the graph `src` by `recipe` (default: every weight product, per channel, 7-bit
-    weights); `per_channel` overrides the recipe's (the benchmarks' per-tensor column)."""
+    weights); `per_channel` overrides the recipe's (the benchmarks' per-tensor column). With the
+    recipe's `smoothing`, the products it names (and does not leave in fp32) are smoothed first
+    (`smooth_products`)."""
+    recipe = recipe or Int8Recipe()
+    with tempfile.TemporaryDirectory(prefix="bigs-smooth-") as tmp:
+        if recipe.smoothing:
+            smoothed = Path(tmp) / "smoothed.onnx"
+            smooth_products(src, smoothed, recipe.smoothing, recipe.fp32_weights)
+            src = smoothed
+        _quantize_dynamic(src, dst, recipe, per_channel)
+
+
+def _quantize_dynamic(src: Path, dst: Path, recipe: Int8Recipe, per_channel: bool | None) -> None:
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
-    recipe = recipe or Int8Recipe()
     model = onnx.load(str(src), load_external_data=False)
     kept = [n.name for n in weight_products(model) if n.input[1] in recipe.fp32_weights]
     quantize_dynamic(

@@ -1080,18 +1080,28 @@ def test_the_search_leaves_the_products_of_largest_int8_error_in_fp32_until_the_
 
     export_dir = variant_exports["cls"]
     manifest = read_manifest(export_dir)
-    bucket, graph = 128, export_dir / manifest.onnx.graph(128).file
+    bucket, graph, head = 128, export_dir / manifest.onnx.graph(128).file, primary_head(manifest.model.architecture)
+
+    def halfway_to_1(measured, at_least: float = 0.0) -> GateThresholds:
+        cosine = measured.embedding_cosine_min
+        return GateThresholds(embedding_cosine_min=max(at_least, cosine + (1 - cosine) / 2))
+
     recorded = manifest.precisions["int8"].search.tries[0].gate  # everything int8, default thresholds
-    strict = GateThresholds(
-        embedding_cosine_min=recorded.embedding_cosine_min + (1 - recorded.embedding_cosine_min) / 2
-    )
-    recipe, search = search_int8(graph, bucket, tokenizer, primary_head(manifest.model.architecture), strict)
+    strict = halfway_to_1(recorded)
+    _, first = search_int8(graph, bucket, tokenizer, head, strict)
+    # everything int8 unsmoothed first, then everything int8 smoothed
+    assert [(t.smoothed, t.fp32_products) for t in first.tries[:2]] == [(False, 0), (True, 0)]
+    assert not first.tries[0].gate.passed
+    # a bar the smoothed all-int8 graph misses too: products must be left in fp32, by the smoothed ranking
+    stricter = halfway_to_1(first.tries[1].gate, at_least=strict.embedding_cosine_min)
+    recipe, search = search_int8(graph, bucket, tokenizer, head, stricter)
 
     assert not search.tries[0].gate.passed and search.tries[0].fp32_products == 0
-    assert search.passed and search.chosen.gate.passed
+    assert all(t.smoothed for t in search.tries[1:]) and search.smoothing and recipe.smoothing
+    assert search.passed and search.chosen.gate.passed and search.chosen.smoothed
     chosen = len(search.fp32)
     assert chosen > 0 and recipe.fp32_weights == {product.weight for product in search.fp32}
-    # the fewest tried that pass: every try with fewer products in fp32 failed
+    # the fewest tried that pass: every smoothed try with fewer products in fp32 failed
     assert all(not t.gate.passed for t in search.tries if t.fp32_products < chosen)
     assert [product.rank for product in search.fp32] == list(range(1, chosen + 1))
     errors = [product.error for product in search.fp32]
@@ -1100,6 +1110,57 @@ def test_the_search_leaves_the_products_of_largest_int8_error_in_fp32_until_the_
     )
     quantize_int8(graph, tmp_path / "searched.onnx", recipe)
     assert fp32_weight_products(tmp_path / "searched.onnx") == recipe.fp32_weights
+
+
+def test_smoothing_factors_are_smoothquants_and_shrink_the_int8_error_of_an_outlier_channel():
+    from export.int8_search import quantized, quantized_weight, smoothing_factors
+
+    rng = np.random.default_rng(0)
+    x, w = rng.normal(size=(64, 32)), rng.normal(size=(32, 16))
+    x[:, 5] *= 80.0  # one outlier channel sets the activation's one range
+    s = smoothing_factors(np.abs(x).max(axis=0), w, alpha=0.5)
+    np.testing.assert_allclose(s, np.sqrt(np.abs(x).max(axis=0)) / np.sqrt(np.abs(w).max(axis=1)))
+    np.testing.assert_allclose((x / s) @ (w * s[:, None]), x @ w, rtol=1e-12)  # exact before quantizing
+
+    def error(factors):
+        exact = x @ w
+        return np.linalg.norm(
+            quantized(x / factors) @ quantized_weight(w * factors[:, None], 7) - exact
+        ) / np.linalg.norm(exact)
+
+    assert error(s) < error(np.ones(32)) / 2
+    # a channel that is zero on either side keeps factor 1
+    x[:, 3], w[7] = 0.0, 0.0
+    s = smoothing_factors(np.abs(x).max(axis=0), w)
+    assert s[3] == 1.0 and s[7] == 1.0
+
+
+@pytest.mark.slow
+def test_a_smoothed_graph_computes_in_fp32_what_the_graph_computes(variant_exports, tmp_path, tokenizer):
+    import onnx
+    import onnxruntime as ort
+
+    from export.gate import gate_batches
+    from export.int8_search import _feeds, rank_products
+    from export.manifest import read_manifest
+    from export.onnx import smooth_products, weight_products
+
+    export_dir = variant_exports["cls"]
+    graph = export_dir / read_manifest(export_dir).onnx.graph(128).file
+    batches = [_feeds(b) for b in gate_batches(tokenizer, 128, False)[:2]]
+    _, factors = rank_products(graph, batches, 7)
+    products = weight_products(onnx.load(str(graph), load_external_data=False))
+    assert smooth_products(graph, tmp_path / "smoothed.onnx", factors, frozenset()) == len(products) > 0
+    kept = products[0].input[1]
+    assert smooth_products(graph, tmp_path / "partly.onnx", factors, frozenset({kept})) == len(products) - 1
+    sessions = [ort.InferenceSession(str(g), providers=["CPUExecutionProvider"])
+                for g in (graph, tmp_path / "smoothed.onnx", tmp_path / "partly.onnx")]  # fmt: skip
+    names = {i.name for i in sessions[0].get_inputs()}
+    for feeds in batches:
+        want, *gots = (s.run(None, {k: v for k, v in feeds.items() if k in names}) for s in sessions)
+        for got in gots:
+            for a, b in zip(got, want, strict=True):
+                np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-4 * np.abs(b).max())
 
 
 @pytest.mark.slow
