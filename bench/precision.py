@@ -16,6 +16,9 @@ Candidates (those the dir and this install have):
     ort-int8-dyn-channel-rr  the same, 7-bit weights (reduce_range: exact products on CPUs without VNNI)
     ort-int8-dyn-tensor      dynamic, every weight product, weights 8-bit per tensor
     ort-int8-dyn-tensor-rr   the same, 7-bit weights
+    ort-int8-smoothed        dynamic, every weight product, 7-bit weights per channel, each product smoothed
+                             first (SmoothQuant-style, factors from the gate's text at the bucket:
+                             export/int8_search.py `rank_products`): the search's second try
     ort-int8-static          static QDQ, weights per channel, activation ranges calibrated (MinMax) on the
                              gate's real text at the bucket (`gate_batches`): the most favourable calibration
     ort-int8-blockwise       MatMulNBits 8-bit, weights in blocks of 32, activations quantized per row and
@@ -55,14 +58,21 @@ Make = Callable[[Path, Path, list[dict[str, np.ndarray]]], None]
 
 def _methods() -> dict[str, Make]:
     """Every int8 method tried for the int8 variant, by its column's name (export/onnx.py does the work)."""
+    from export.int8_search import RANKING_BATCHES, rank_products
     from export.onnx import Int8Recipe, quantize_int8, quantize_int8_blockwise, quantize_int8_static
 
     eight_bit = Int8Recipe(reduce_range=False)
+
+    def smoothed(src: Path, dst: Path, calibration: list[dict[str, np.ndarray]]) -> None:
+        _, factors = rank_products(src, calibration[:RANKING_BATCHES], Int8Recipe().weight_bits)
+        quantize_int8(src, dst, Int8Recipe(smoothing=factors))
+
     return {
         "ort-int8-dyn-channel": lambda src, dst, _: quantize_int8(src, dst, eight_bit),
         "ort-int8-dyn-channel-rr": lambda src, dst, _: quantize_int8(src, dst, Int8Recipe()),
         "ort-int8-dyn-tensor": lambda src, dst, _: quantize_int8(src, dst, eight_bit, per_channel=False),
         "ort-int8-dyn-tensor-rr": lambda src, dst, _: quantize_int8(src, dst, Int8Recipe(), per_channel=False),
+        "ort-int8-smoothed": smoothed,
         "ort-int8-static": quantize_int8_static,
         "ort-int8-blockwise": lambda src, dst, _: quantize_int8_blockwise(src, dst),
     }

@@ -223,7 +223,7 @@ def export_artifact(
             quantize=quantize,
             embedding=embedding,
             done=onnx_done,
-            plan_int8=lambda b, graph: plan_int8(out_dir, manifest, b, graph, job, searched),
+            plan_int8=lambda graphs: plan_int8(out_dir, manifest, graphs, job, searched),
         )
     if "stablehlo" in options.formats:
         from model.convert import load_torch_safetensors
@@ -262,9 +262,9 @@ def export_artifact(
     return manifest
 
 
-def plan_int8(out_dir: Path, manifest: Manifest, bucket: int, graph: Path, job: Job, searched: list) -> Int8Recipe:
-    """The int8 recipe of this export (`export_onnx`'s `plan_int8`): the accuracy-aware search on the first
-    bucket's finished fp32 graph (export/int8_search.py), its record appended to `searched`. Without the
+def plan_int8(out_dir: Path, manifest: Manifest, graphs: dict[int, Path], job: Job, searched: list) -> Int8Recipe:
+    """The int8 recipe of this export (`export_onnx`'s `plan_int8`): the accuracy-aware search on the finished
+    fp32 graphs of the buckets it searches at (export/int8_search.py), its record appended to `searched`. Without the
     tokenizer the gate needs (`variants_to_write` asks for int8 only with one), the default recipe."""
     from .onnx import Int8Recipe
 
@@ -280,12 +280,14 @@ def plan_int8(out_dir: Path, manifest: Manifest, bucket: int, graph: Path, job: 
     tokenizer.no_truncation()
     tokenizer.no_padding()
     # a line before the ranking and the first try: the first a service shows of a background export
-    job.emit(f"{job.name}: int8 search at bucket {bucket}: ranking the weight products by their int8 error")
+    at = ", ".join(map(str, graphs))
+    job.emit(f"{job.name}: int8 search at buckets {at}: ranking the weight products by their int8 error")
     lines = job.stage(MAX_TRIES)  # at most: the search stops early where it can
     done = lambda t: lines.step(
-        f"int8 search bucket {bucket}: {t.fp32_products} products fp32, gate {'passed' if t.gate.passed else 'FAILED'}"
+        f"int8 search at {at}: {t.fp32_products} products fp32{', smoothed' if t.smoothed else ''}, "
+        f"gate {'passed' if t.passed else 'FAILED'}"
     )
-    recipe, record = search_int8(graph, bucket, tokenizer, primary_head(manifest.model.architecture),
+    recipe, record = search_int8(graphs, tokenizer, primary_head(manifest.model.architecture),
                                  GateThresholds(), done=done)  # fmt: skip
     searched.append(record)
     return recipe

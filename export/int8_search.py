@@ -6,7 +6,11 @@ branches, the FFN's down projection among them): their rows carry outliers, and 
 whole tensor rounds the rest of it coarsely. Quantizing everything, the defaults missed the gate
 (bigs-mini's fill-mask top-1 agreement 0.898 < 0.9 at 128 tokens, the classifiers' embedding cosine
 0.91-0.96 < 0.99); the same graphs with those products left in fp32 pass (docs/DESIGN.md §1.3).
-Which products they are depends on the model, so export finds them per model, on the first bucket:
+Which products they are depends on the model, so export finds them per model, ranking them on the
+first bucket and gating each try at the first bucket and at the longest bucket up to 512
+(`search_buckets`): smoothing factors taken at 128 tokens can miss at 512 (bigs-mini smoothed passed
+at 128, cosine 0.9935, and missed at 512, 0.9891), and the gate is most exacting up to 512 (32
+sequences a bucket; fewer beyond):
 
 1. Rank. The fp32 graph runs a few of the gate's batches with every weight product's input exposed;
    each product's int8 error is simulated exactly as ORT computes it (uint8 activations, one range
@@ -24,7 +28,7 @@ Which products they are depends on the model, so export finds them per model, on
    0, then every product whose error is above half the largest, a quarter, an eighth
    (`EXCLUSION_STEPS`), until one passes; then k is halved between the last count that failed and
    the one that passed, `REFINE_TRIES` times: the fewest tried that pass. At most `MAX_TRIES`
-   quantizations and gates of the shortest bucket, seconds each on 2 cores: within export's
+   quantizations and gates at each search bucket, seconds each on 2 cores: within export's
    first-minutes budget.
 
 Every try, and each product left in fp32 with why (its rank and error) and what it costs (its share of
@@ -54,7 +58,8 @@ from .gate import RunBatch, gate_batches, measure_gate, ort_runner
 from .manifest import Fp32Product, GateThresholds, Int8Search, Int8Try
 from .onnx import Int8Recipe, ort_optimize, quantize_int8, weight_products
 
-RANKING_BATCHES = 4  # of the gate's batches at the search bucket: 16 sequences
+RANKING_BATCHES = 4  # of the gate's batches at the first search bucket: 16 sequences
+SECOND_SEARCH_BUCKET_MAX = 512  # the second bucket gated: the longest up to this (module docstring)
 SMOOTHING_ALPHA = 0.5  # SmoothQuant's: the range split evenly between activations and weights
 # Products left in fp32 after the all-int8 tries: those whose error is above these fractions of the largest
 EXCLUSION_STEPS = (1 / 2, 1 / 4, 1 / 8)
@@ -71,6 +76,14 @@ class RankedProduct:
     error: float  # unsmoothed
     macs: int  # multiply-adds per token (in × out)
     error_smoothed: float = 0.0  # with its smoothing factors
+
+
+def search_buckets(buckets) -> list[int]:
+    """The buckets the search gates each try at: the shortest, and the longest other up to
+    `SECOND_SEARCH_BUCKET_MAX` where there is one."""
+    first = min(buckets)
+    second = [b for b in sorted(buckets) if first < b <= SECOND_SEARCH_BUCKET_MAX][-1:]
+    return [first, *second]
 
 
 def smoothing_factors(activation_max: np.ndarray, w: np.ndarray, alpha: float = SMOOTHING_ALPHA) -> np.ndarray:
@@ -185,25 +198,26 @@ def exclusion_counts(ranked: list[RankedProduct], smoothed: bool = False) -> lis
 
 
 def search_int8(
-    graph: Path,
-    bucket: int,
+    graphs: dict[int, Path],
     tokenizer,
     head: str,
     thresholds: GateThresholds | None = None,
     recipe: Int8Recipe | None = None,
     done: Callable[[Int8Try], object] | None = None,
 ) -> tuple[Int8Recipe, Int8Search]:
-    """The recipe of the fewest products left in fp32 (among the tries) whose int8 graph of `graph` (the
-    finished fp32 graph of `bucket`) passes the gate at `bucket`, and the search's record. `recipe`: how
+    """The recipe of the fewest products left in fp32 (among the tries) whose int8 graphs of `graphs` (the
+    finished fp32 graph of each search bucket, `search_buckets`) pass the gate at every one of them, and
+    the search's record; ranked at the shortest. `recipe`: how
     the rest is quantized (default `Int8Recipe()`). `done(try)` after each try (export's progress lines).
     Where no try passes, the last (the most left in fp32) is the recipe, and the record says so: the
     variant then fails its gate there and is not served at that bucket."""
     thresholds = thresholds or GateThresholds()
     recipe = recipe or Int8Recipe()
+    bucket = min(graphs)
     batches = gate_batches(tokenizer, bucket, head == "fill-mask")
-    plain, factors = rank_products(graph, [_feeds(b) for b in batches[:RANKING_BATCHES]], recipe.weight_bits)
+    plain, factors = rank_products(graphs[bucket], [_feeds(b) for b in batches[:RANKING_BATCHES]], recipe.weight_bits)
     by_smoothed = sorted(plain, key=lambda r: -r.error_smoothed)
-    reference = ort_runner({bucket: _session(graph)})
+    references = {b: ort_runner({b: _session(graph)}) for b, graph in graphs.items()}
     total_macs = sum(r.macs for r in plain) or 1
     tries: dict[tuple[bool, int], Int8Try] = {}  # by (smoothed, the count left in fp32)
 
@@ -214,15 +228,23 @@ def search_int8(
     with tempfile.TemporaryDirectory(prefix="bigs-int8-search-") as tmp:
 
         def attempt(smoothed: bool, count: int) -> bool:
-            run = _int8_runner(graph, bucket, recipe_of(smoothed, count), Path(tmp))
-            gate = measure_gate(tokenizer, bucket, head, reference, run, thresholds)
+            gates = {}
+            for b, graph in graphs.items():  # the shortest first: a try that fails there is not gated further
+                run = _int8_runner(graph, b, recipe_of(smoothed, count), Path(tmp))
+                gates[b] = measure_gate(tokenizer, b, head, references[b], run, thresholds)
+                if not gates[b].passed:
+                    break
             share = sum(r.macs for r in (by_smoothed if smoothed else plain)[:count]) / total_macs
             tries[smoothed, count] = Int8Try(
-                fp32_products=count, fp32_macs_share=round(share, 5), gate=gate, smoothed=smoothed
+                fp32_products=count,
+                fp32_macs_share=round(share, 5),
+                gate=gates.pop(bucket),
+                smoothed=smoothed,
+                gates_elsewhere=gates,
             )
             if done is not None:
                 done(tries[smoothed, count])
-            return gate.passed
+            return tries[smoothed, count].passed
 
         smoothed, failed, passing = False, -1, None
         if attempt(False, 0):  # every product int8, no smoothing: nothing to pay for
@@ -246,12 +268,13 @@ def search_int8(
     chosen = recipe_of(smoothed, count)
     ranked = by_smoothed if smoothed else plain
     why = (
-        f"left fp32 for the gate at bucket {bucket} to pass"
+        f"left fp32 for the gate at buckets {', '.join(map(str, sorted(graphs)))} to pass"
         if passing is not None
         else "left fp32; the gate still failed"
     )
     record = Int8Search(
         bucket=bucket,
+        gated_at=sorted(graphs),
         weight_bits=chosen.weight_bits,
         per_channel=chosen.per_channel,
         ranked_by="the simulated int8 error of each weight product on the gate's text, ||x̂ŵ − xw|| / ||xw||"

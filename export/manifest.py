@@ -178,8 +178,14 @@ class Int8Try(_Section):
 
     fp32_products: int
     fp32_macs_share: float  # of the weight products' multiply-adds, the share those products hold
-    gate: GateMeasured
+    gate: GateMeasured  # at the search's first bucket (`Int8Search.bucket`)
     smoothed: bool = False  # the int8 products smoothed first (SmoothQuant-style; `Int8Search.smoothing`)
+    # the gate at the search's other buckets (`Int8Search.gated_at`); a try passes where every one passed
+    gates_elsewhere: dict[int, GateMeasured] = Field(default_factory=dict)
+
+    @property
+    def passed(self) -> bool:
+        return self.gate.passed and all(g.passed for g in self.gates_elsewhere.values())
 
 
 class Fp32Product(_Section):
@@ -196,7 +202,8 @@ class Fp32Product(_Section):
 class Int8Search(_Section):
     """How the int8 graphs were made: the recipe, the ranking, every try, and the products left in fp32."""
 
-    bucket: int  # the bucket searched at (the shortest)
+    bucket: int  # the bucket ranked at (the shortest)
+    gated_at: list[int] = Field(default_factory=list)  # the buckets each try was gated at ([] before: `bucket`)
     weight_bits: Literal[7, 8]  # 7: reduce_range, integer products exact on every x86 int8 kernel
     per_channel: bool
     ranked_by: str

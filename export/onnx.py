@@ -449,8 +449,9 @@ def finish_graph(src: Path, dst: Path, weights: WeightsFileWriter) -> dict:
     return {"shared_initializers": shared, "op_types": dict(sorted(ops.items())), **io_spec(model)}
 
 
-# What decides the int8 recipe: called once, with the first (shortest) bucket and its finished fp32 graph
-PlanInt8 = Callable[[int, Path], Int8Recipe]
+# What decides the int8 recipe: called once, with the finished fp32 graphs of the buckets it searches at
+# ({bucket: graph}: export/int8_search.py `search_buckets`)
+PlanInt8 = Callable[[dict[int, Path]], Int8Recipe]
 
 
 def export_onnx(
@@ -466,7 +467,10 @@ def export_onnx(
     the export dir; hashes and parity are added by the caller). `embedding`: as for `torch_to_onnx`.
     `done(bucket)` is called as each bucket's graphs are written (the export's progress lines).
     With `quantize="int8"`, each bucket's int8 twin is quantized from its finished fp32 graph by the
-    recipe `plan_int8` returns at the first bucket (the default recipe without it)."""
+    recipe `plan_int8` returns once the graphs of the buckets it searches at are written (the default
+    recipe without it); the buckets before that are quantized then."""
+    from .int8_search import search_buckets
+
     onnx_dir.mkdir(parents=True, exist_ok=True)
     weights = WeightsFileWriter(onnx_dir / WEIGHTS_FILE)
     section = {
@@ -477,8 +481,24 @@ def export_onnx(
         "buckets": {},
     }
     recipe: Int8Recipe | None = None
+    searched_at = search_buckets(buckets)
+    pending: list[int] = []  # buckets whose fp32 graph is written, waiting for the int8 recipe
     with tempfile.TemporaryDirectory(prefix="bigs-onnx-") as tmp:
         tmp = Path(tmp)
+
+        def quantize_bucket(length: int) -> None:
+            q_raw, q_opt = tmp / f"{length}.int8.raw.onnx", tmp / f"{length}.int8.opt.onnx"
+            # from the finished graph: its weights carry their names in weights.bin, which the recipe uses
+            quantize_int8(onnx_dir / f"{length}.onnx", q_raw, recipe)
+            ort_optimize(q_raw, q_opt)
+            q_entry = {"file": f"onnx/{length}.int8.onnx", **formulation_for(length, model.config.routing).as_dict()}
+            q_entry.update(finish_graph(q_opt, onnx_dir / f"{length}.int8.onnx", weights))
+            section["buckets"][str(length)]["int8"] = q_entry
+            for f in tmp.iterdir():  # keep the temp dir small for big models
+                os.remove(f)
+            if done is not None:
+                done(length)
+
         for length in sorted(buckets):
             formulation = formulation_for(length, model.config.routing)
             raw, optimized = tmp / f"{length}.raw.onnx", tmp / f"{length}.opt.onnx"
@@ -486,20 +506,20 @@ def export_onnx(
             ort_optimize(raw, optimized)
             entry = {"file": f"onnx/{length}.onnx", **formulation.as_dict()}
             entry.update(finish_graph(optimized, onnx_dir / f"{length}.onnx", weights))
-            if quantize == "int8":
-                if recipe is None:
-                    recipe = plan_int8(length, onnx_dir / f"{length}.onnx") if plan_int8 else Int8Recipe()
-                q_raw, q_opt = tmp / f"{length}.int8.raw.onnx", tmp / f"{length}.int8.opt.onnx"
-                # from the finished graph: its weights carry their names in weights.bin, which the recipe uses
-                quantize_int8(onnx_dir / f"{length}.onnx", q_raw, recipe)
-                ort_optimize(q_raw, q_opt)
-                q_entry = {"file": f"onnx/{length}.int8.onnx", **formulation.as_dict()}
-                q_entry.update(finish_graph(q_opt, onnx_dir / f"{length}.int8.onnx", weights))
-                entry["int8"] = q_entry
             section["buckets"][str(length)] = entry
-            for f in tmp.iterdir():  # keep the temp dir small for big models
+            for f in tmp.iterdir():
                 os.remove(f)
-            if done is not None:
-                done(length)
+            if quantize != "int8":
+                if done is not None:
+                    done(length)
+                continue
+            pending.append(length)
+            if recipe is None and set(searched_at) <= set(pending):
+                graphs = {b: onnx_dir / f"{b}.onnx" for b in searched_at}
+                recipe = plan_int8(graphs) if plan_int8 else Int8Recipe()
+            if recipe is not None:
+                for waiting in pending:
+                    quantize_bucket(waiting)
+                pending.clear()
     section["weights"] = weights.tensors
     return OnnxSection.model_validate(section)

@@ -1056,13 +1056,15 @@ def fp32_weight_products(graph: Path) -> set[str]:
 
 @pytest.mark.slow
 def test_every_weight_product_an_export_leaves_in_fp32_is_named_in_its_manifest(variant_exports):
+    from export.int8_search import search_buckets
     from export.manifest import read_manifest
 
     for name, export_dir in variant_exports.items():
         manifest = read_manifest(export_dir)
         search = manifest.precisions["int8"].search
         assert search.bucket == min(manifest.buckets) and search.weight_bits == 7 and search.tries, name
-        assert search.chosen.gate.passed == search.passed
+        assert search.gated_at == search_buckets(manifest.buckets) == VARIANT_BUCKETS  # the shortest, and 512
+        assert search.chosen.passed == search.passed
         named = {product.weight for product in search.fp32}
         for bucket in manifest.buckets:
             assert fp32_weight_products(export_dir / manifest.onnx.graph(bucket, "int8").file) == named, (name, bucket)
@@ -1080,7 +1082,8 @@ def test_the_search_leaves_the_products_of_largest_int8_error_in_fp32_until_the_
 
     export_dir = variant_exports["cls"]
     manifest = read_manifest(export_dir)
-    bucket, graph, head = 128, export_dir / manifest.onnx.graph(128).file, primary_head(manifest.model.architecture)
+    graphs = {b: export_dir / manifest.onnx.graph(b).file for b in VARIANT_BUCKETS}
+    graph, head = graphs[128], primary_head(manifest.model.architecture)
 
     def halfway_to_1(measured, at_least: float = 0.0) -> GateThresholds:
         cosine = measured.embedding_cosine_min
@@ -1088,21 +1091,22 @@ def test_the_search_leaves_the_products_of_largest_int8_error_in_fp32_until_the_
 
     recorded = manifest.precisions["int8"].search.tries[0].gate  # everything int8, default thresholds
     strict = halfway_to_1(recorded)
-    _, first = search_int8(graph, bucket, tokenizer, head, strict)
+    _, first = search_int8(graphs, tokenizer, head, strict)
     # everything int8 unsmoothed first, then everything int8 smoothed
     assert [(t.smoothed, t.fp32_products) for t in first.tries[:2]] == [(False, 0), (True, 0)]
-    assert not first.tries[0].gate.passed
+    assert not first.tries[0].passed
     # a bar the smoothed all-int8 graph misses too: products must be left in fp32, by the smoothed ranking
     stricter = halfway_to_1(first.tries[1].gate, at_least=strict.embedding_cosine_min)
-    recipe, search = search_int8(graph, bucket, tokenizer, head, stricter)
+    recipe, search = search_int8(graphs, tokenizer, head, stricter)
 
-    assert not search.tries[0].gate.passed and search.tries[0].fp32_products == 0
+    assert not search.tries[0].passed and search.tries[0].fp32_products == 0
     assert all(t.smoothed for t in search.tries[1:]) and search.smoothing and recipe.smoothing
-    assert search.passed and search.chosen.gate.passed and search.chosen.smoothed
+    assert search.passed and search.chosen.passed and search.chosen.smoothed
+    assert sorted(search.chosen.gates_elsewhere) == [512]  # gated at 512 too, where it passed at 128
     chosen = len(search.fp32)
     assert chosen > 0 and recipe.fp32_weights == {product.weight for product in search.fp32}
     # the fewest tried that pass: every smoothed try with fewer products in fp32 failed
-    assert all(not t.gate.passed for t in search.tries if t.fp32_products < chosen)
+    assert all(not t.passed for t in search.tries if t.fp32_products < chosen)
     assert [product.rank for product in search.fp32] == list(range(1, chosen + 1))
     errors = [product.error for product in search.fp32]
     assert errors == sorted(errors, reverse=True) and all(
@@ -1172,9 +1176,9 @@ def test_when_no_try_passes_the_search_says_so_and_auto_never_serves_the_variant
     export_dir = variant_exports["mlm"]
     manifest = read_manifest(export_dir)
     impossible = GateThresholds(embedding_cosine_min=1.5)  # no graph but fp32 itself reaches it
-    _, search = search_int8(export_dir / manifest.onnx.graph(128).file, 128, tokenizer,
+    _, search = search_int8({128: export_dir / manifest.onnx.graph(128).file}, tokenizer,
                             primary_head(manifest.model.architecture), impossible)  # fmt: skip
-    assert not search.passed and not any(t.gate.passed for t in search.tries) and len(search.tries) <= MAX_TRIES
+    assert not search.passed and not any(t.passed for t in search.tries) and len(search.tries) <= MAX_TRIES
     assert all("still failed" in product.why for product in search.fp32)
 
     def failed(manifest):  # the variant as export records one whose gate failed at every bucket
@@ -1218,3 +1222,13 @@ def test_int8_with_8_bit_weights_is_not_served_where_int8_products_saturate_unle
             assert "saturate" in status.detail and elsewhere not in status.detail
     for flags in (SKYLAKE, ZEN4, SAPPHIRE_RAPIDS):  # 7-bit weights: exact everywhere, served wherever it passed
         assert variant_statuses(manifest, flags, elsewhere)["int8"].passed_at(128)
+
+
+@pytest.mark.parametrize(
+    ("buckets", "searched"),
+    [([128, 256, 512, 1024, 4096], [128, 512]), ([128, 4096], [128]), ([64, 300], [64, 300]), ([1024], [1024])],
+)
+def test_the_search_gates_at_the_shortest_bucket_and_the_longest_other_up_to_512(buckets, searched):
+    from export.int8_search import search_buckets
+
+    assert search_buckets(buckets) == searched
