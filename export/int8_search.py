@@ -184,10 +184,10 @@ def rank_products(
     return sorted(ranked, key=lambda r: -r.error), smoothing
 
 
-def exclusion_counts(ranked: list[RankedProduct], smoothed: bool = False) -> list[int]:
-    """How many of the ranked products each try leaves in fp32: 0, then those above each step of the largest
-    error (`smoothed`: the errors with smoothing; `ranked` in that order)."""
-    errors = [r.error_smoothed if smoothed else r.error for r in ranked]
+def exclusion_counts(ranked: list[RankedProduct]) -> list[int]:
+    """How many of the smoothed tries leave in fp32: 0, then those above each step of the largest smoothed
+    error (`ranked` in that order; the unsmoothed graph is tried with everything int8 only)."""
+    errors = [r.error_smoothed for r in ranked]
     top = errors[0] if errors else 0.0
     counts = [0]
     for step in EXCLUSION_STEPS:
@@ -251,7 +251,7 @@ def search_int8(
             passing = 0
         else:
             smoothed = True
-            for count in exclusion_counts(by_smoothed, smoothed=True):
+            for count in exclusion_counts(by_smoothed):
                 if attempt(True, count):
                     passing = count
                     break

@@ -12,8 +12,8 @@ bigs-mini-news at bf16 held 6 x ~90 MB. Given `weights` (the arrays ORT's sessio
 export/onnx_runtime.py `map_weights`), each graph's constants are swapped for constants over that
 memory before compiling (`share_weights`), so a model served by both runtimes, or by OpenVINO at
 several buckets, holds its weights once; what a bucket adds is then only the products' weights
-repacked at bf16 and its buffers (same model, six buckets: 649 -> 383 MB resident with the weights
-mapped once). Nothing refers to the file after loading, as for ORT (no SIGBUS if it is rewritten).
+repacked at bf16 and its buffers (same model, six buckets, after one call each: 649 -> 414 MB
+resident above the interpreter with the weights held once). Nothing refers to the file after loading, as for ORT (no SIGBUS if it is rewritten).
 
 Each call runs on an infer request of its own thread (`threading.local`): the service's lanes call
 from two threads, and one OpenVINO infer request must not run two inferences at once.
