@@ -41,8 +41,8 @@ fine-tuned topic accuracy and macro-F1 on the held-out test split (and the major
 training wall time, the latency per bucket with its ratio to gated/ssm, the length test, and the cost of
 `--long-length` tokens; `--report` writes the table to a second place too (docs/COMPARISON.md holds the last
 full run; its plot beside it as docs/length_curve.png). A stage whose output exists is not run again (delete
-its dir to redo it): run again on trained rows, the command only re-reads the cards, re-scores the length test
-and re-measures the latency, e.g. on a quieter machine. `--set` overrides go to every stage, `--pretrain-set` to
+its dir to redo it; the length test's scores are OUT/<row>/length-test.json): run again on trained rows, the
+command only re-reads the cards and the scores and re-measures the latency, e.g. on a quieter machine. `--set` overrides go to every stage, `--pretrain-set` to
 pretraining and extension (the unlabelled corpus; model sizes), e.g. a smoke run: `--set num_steps=3
 --pretrain-set 'data.sources=["kjv"]'`. The table lists what was overridden.
 """
@@ -86,6 +86,12 @@ class RowResult:
     topic_accuracy: float | None = None
     topic_f1_macro: float | None = None
     topic_majority_baseline: float | None = None
+    # How many held-out items each accuracy above counts (the masked tokens a stage's evaluation scores, about
+    # eval_batches × batch × length × mask rate; the test articles): what the comparison with the sources
+    # needs to tell a difference from sampling noise.
+    masked_tokens_128: int = 0
+    masked_tokens_512: int = 0
+    topic_test_articles: int = 0
     latency_ms: dict[int, float] = field(default_factory=dict)
     # The length test: held-out masked-token accuracy at each length, no training past 512 (flexible rows).
     length_accuracy: dict[int, float] = field(default_factory=dict)
@@ -123,6 +129,14 @@ def parameters(artifact: Path) -> tuple[int, int]:
     tensors = load_file(str(artifact / "model.safetensors"))
     encoder = sum(v.size for k, v in tensors.items() if ".encoder." in k)
     return encoder, sum(v.size for v in tensors.values())
+
+
+def masked_tokens_scored(stage_card: dict) -> int:
+    """About how many masked tokens an MLM stage's held-out accuracy counts: its evaluation batches of packed
+    sequences (no padding to speak of), each token masked at the data's rate."""
+    config = stage_card["config"]
+    data = config["data"]
+    return round(config["eval_batches"] * config["batch_size"] * data["seq_len"] * data["mask_prob"])
 
 
 def config_of(artifact: Path):
@@ -176,6 +190,9 @@ def run_row(row: str, out: Path, args) -> tuple[RowResult, Path, Path | None]:
         topic_accuracy=cards[-1]["held_out"].get("test_accuracy"),
         topic_f1_macro=cards[-1]["held_out"].get("test_f1_macro"),
         topic_majority_baseline=cards[-1].get("majority_baseline_test", {}).get("accuracy"),
+        masked_tokens_128=masked_tokens_scored(cards[0]),
+        masked_tokens_512=0 if extended is None else masked_tokens_scored(cards[1]),
+        topic_test_articles=cards[-1]["data"]["splits"]["test"]["documents"],
     )
     return result, export_dir, extended
 
@@ -197,14 +214,28 @@ def length_test_split(corpus: Path, length: int, work: Path):
     return PackedDataset(packed)
 
 
-def length_test(extended: Path, corpus: Path, lengths: list[int], tokens: int, work: Path) -> tuple[dict, dict]:
+def length_test(
+    extended: Path, corpus: Path, lengths: list[int], tokens: int, work: Path, scores: Path
+) -> tuple[dict, dict]:
     """({length: held-out masked-token accuracy}, {length: masked tokens scored}) of an extended MLM artifact,
-    no training: `tokens` tokens of the corpus's test split at each length the model can read."""
+    no training: `tokens` tokens of the corpus's test split at each length the model can read.
+
+    The scores are kept in `scores` (a stage's output like any other: a length already scored on as many
+    tokens is read back, not scored again; delete the file to redo it), so a run over trained rows spends its
+    time on the latency, which is the one figure that must be measured with every row at once."""
     from training.evaluation import ArtifactModel, masked_token_hits
 
-    model = ArtifactModel(extended)
+    saved = json.loads(scores.read_text()) if scores.is_file() else {}
     accuracy, counted = {}, {}
+    if saved.get("length_test_tokens") == tokens:
+        accuracy = {int(n): a for n, a in saved["accuracy"].items() if int(n) in lengths}
+        counted = {int(n): m for n, m in saved["masked_tokens"].items() if int(n) in lengths}
+    if all(length in accuracy for length in lengths):
+        return accuracy, counted
+    model = ArtifactModel(extended)
     for length in lengths:
+        if length in accuracy:
+            continue
         if length > model.max_length:
             print(f"length test: {extended} reads at most {model.max_length} tokens, not {length}")
             continue
@@ -213,6 +244,9 @@ def length_test(extended: Path, corpus: Path, lengths: list[int], tokens: int, w
         hits, masked = masked_token_hits(model, split, rows, max(1, LENGTH_TEST_BATCH_TOKENS // length))
         accuracy[length], counted[length] = hits / max(masked, 1), masked
         print(f"length test: {extended} at {length}: {accuracy[length]:.4f} over {masked} masked tokens", flush=True)
+    scores.write_text(
+        json.dumps({"length_test_tokens": tokens, "accuracy": accuracy, "masked_tokens": counted}, indent=2) + "\n"
+    )
     return accuracy, counted
 
 
@@ -350,6 +384,7 @@ def table(results: list[RowResult], args, environment: dict) -> str:
             "",
             *length_section(results, args),
             *long_section(results, args),
+            *sources_section(results),
         ]
     )
 
@@ -404,6 +439,192 @@ def long_section(results: list[RowResult], args) -> list[str]:
         f"{n:,} they must be built (and trained) at N = {n:,}. Encoder parameters at that N are counted on the "
         "recipe's model; the latency, where measured (`--long-latency`), is that of an untrained classifier built at "
         f"that N and exported at its one bucket, timed with the rows above.{beside}",
+        "",
+        *lines,
+        "",
+    ]
+
+
+@dataclass(frozen=True)
+class SourceClaim:
+    """One finding a source reports, in its own terms, and the same comparison made on our rows.
+
+    `metric` names one of our figures (METRICS); `relation` is what the source's finding says of `row` against
+    `against`: "parity" (the same, within noise) or "not worse" (the same or better). Our verdict is read off
+    the difference and its sampling noise, never typed in (`verdict`)."""
+
+    source: str
+    url: str
+    scale: str  # what the source trained: parameters, tokens, length
+    finding: str  # the source's words or figures
+    row: str
+    against: str
+    metric: str
+    relation: str
+
+
+# Only what the sources' own text says (their abstracts, or the figures of their tables where the table is in
+# the text): a source's figures are never restated from memory.
+SOURCE_CLAIMS = (
+    SourceClaim(
+        source="Wang et al., Pretraining Without Attention (2022)",
+        url="https://arxiv.org/abs/2212.10544",
+        scale="models pretrained on ~100B tokens at 128 and at 512 tokens (the authors' repository)",
+        finding='"BiGS is able to match BERT pretraining accuracy on GLUE"',
+        row="gated-ssm",
+        against="stack-attention",
+        metric="topic",
+        relation="parity",
+    ),
+    SourceClaim(
+        source="Liu et al., Pay Attention to MLPs (2021)",
+        url="https://arxiv.org/abs/2105.08050",
+        scale="BERT-style masked LMs at BERT's sizes",
+        finding='"For BERT, our model achieves parity with Transformers on pretraining perplexity"',
+        row="gmlp",
+        against="stack-attention",
+        metric="masked-128",
+        relation="parity",
+    ),
+    SourceClaim(
+        source="Tay et al., Synthesizer (ICML 2021)",
+        url="https://arxiv.org/abs/2005.00743",
+        scale="Transformer-size models on translation, language modelling, text generation and GLUE/SuperGLUE",
+        finding='"random alignment matrices surprisingly perform quite competitively"',
+        row="stack-synthesizer-random",
+        against="stack-attention",
+        metric="masked-128",
+        relation="parity",
+    ),
+    SourceClaim(
+        source="Tay et al., Synthesizer (ICML 2021)",
+        url="https://arxiv.org/abs/2005.00743",
+        scale="Transformer-size models on translation, language modelling, text generation and GLUE/SuperGLUE",
+        finding='"simple Synthesizers achieve highly competitive performance when compared against vanilla '
+        'Transformer models"',
+        row="stack-synthesizer-dense",
+        against="stack-attention",
+        metric="masked-128",
+        relation="parity",
+    ),
+    SourceClaim(
+        source="Chou, Masked Language Model with ALiBi and CLAP head (ICLR 2024 blog track)",
+        url="https://iclr-blogposts.github.io/2024/blog/alibi-mlm/",
+        scale="RoBERTa base (125M) and large (355M), one epoch of the Pile at 2,048 tokens",
+        finding="validation MLM perplexity, ALiBi + CLAP head against learned positions + RoBERTa head: "
+        "2.83 vs 2.94 (base), 2.54 vs 2.55 (large)",
+        row="stack-alibi-clap",
+        against="stack-attention",
+        metric="masked-512",
+        relation="not worse",
+    ),
+    SourceClaim(
+        source="Chou, Masked Language Model with ALiBi and CLAP head (ICLR 2024 blog track)",
+        url="https://iclr-blogposts.github.io/2024/blog/alibi-mlm/",
+        scale="RoBERTa base (125M) and large (355M), one epoch of the Pile at 2,048 tokens",
+        finding='"CLAP head on its own ... seems to be competitive": perplexity 2.86 vs 2.94 (base), 2.50 vs '
+        "2.55 (large), learned positions with the CLAP head against the RoBERTa head (on attention; ours is "
+        "on BiGS)",
+        row="gated-ssm-clap",
+        against="gated-ssm",
+        metric="masked-512",
+        relation="not worse",
+    ),
+    SourceClaim(
+        source="Press et al., Train Short, Test Long (ICLR 2022)",
+        url="https://arxiv.org/abs/2108.12409",
+        scale="a 1.3B-parameter decoder trained at 1,024 tokens",
+        finding='ALiBi "extrapolates to input sequences of length 2048, achieving the same perplexity" as a '
+        "model trained at 2,048",
+        row="stack-alibi-clap",
+        against="stack-alibi-clap",
+        metric="length-4096-vs-512",
+        relation="not worse",
+    ),
+)
+
+# Our figure behind each metric name: (accuracy of `row`, accuracy of `against`, items each counts), in that
+# order; the length metric compares one row's extended model with itself, at 4,096 against 512 tokens.
+METRICS = {
+    "topic": "topic accuracy",
+    "masked-128": "masked-token accuracy at 128",
+    "masked-512": "masked-token accuracy at 512",
+    "length-4096-vs-512": "masked-token accuracy at 4,096 against 512 (no training past 512)",
+}
+
+
+def claim_figures(claim: SourceClaim, by_row: dict[str, RowResult]):
+    """((ours, n), (theirs, n)) of a claim on our rows, or None where a row or its figure is missing."""
+    a, b = by_row.get(claim.row), by_row.get(claim.against)
+    if a is None or b is None:
+        return None
+    if claim.metric == "topic":
+        pair = (a.topic_accuracy, a.topic_test_articles), (b.topic_accuracy, b.topic_test_articles)
+    elif claim.metric == "masked-128":
+        pair = (a.masked_token_accuracy_128, a.masked_tokens_128), (b.masked_token_accuracy_128, b.masked_tokens_128)
+    elif claim.metric == "masked-512":
+        pair = (a.masked_token_accuracy_512, a.masked_tokens_512), (b.masked_token_accuracy_512, b.masked_tokens_512)
+    elif claim.metric == "length-4096-vs-512":
+        pair = (
+            (a.length_accuracy.get(4096), a.length_masked_tokens.get(4096, 0)),
+            (
+                a.length_accuracy.get(512),
+                a.length_masked_tokens.get(512, 0),
+            ),
+        )
+    else:
+        raise ValueError(f"unknown metric {claim.metric!r}; metrics are {', '.join(METRICS)}")
+    if any(x is None or n <= 0 for x, n in pair):
+        return None
+    return pair
+
+
+def verdict(relation: str, ours: tuple[float, int], against: tuple[float, int]) -> tuple[float, float, str]:
+    """(difference in points, two standard errors of it in points, whether our figures agree with `relation`).
+
+    Two accuracies measured on n items each differ by sampling alone with a standard error of
+    sqrt(p(1-p)/n + q(1-q)/m); a difference within two of them is not told apart from no difference."""
+    (p, n), (q, m) = ours, against
+    difference = 100 * (p - q)
+    noise = 200 * (p * (1 - p) / n + q * (1 - q) / m) ** 0.5
+    if relation == "parity":
+        word = "agrees" if abs(difference) <= noise else ("disagrees: ahead" if difference > 0 else "disagrees: behind")
+    elif relation == "not worse":
+        word = "agrees" if difference >= -noise else "disagrees: behind"
+    else:
+        raise ValueError(f"unknown relation {relation!r}; relations are parity, not worse")
+    return difference, noise, word
+
+
+def sources_section(results: list[RowResult]) -> list[str]:
+    by_row = {r.row: r for r in results}
+    head = ["source (what it trained)", "its finding", "ours: row vs row, figure", "ours", "difference (± 2 s.e.)"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for claim in SOURCE_CLAIMS:
+        figures = claim_figures(claim, by_row)
+        if figures is None:
+            continue
+        (p, _), (q, _) = figures
+        difference, noise, word = verdict(claim.relation, *figures)
+        versus = claim.row if claim.row == claim.against else f"{claim.row} vs {claim.against}"
+        cells = [
+            f"[{claim.source}]({claim.url}) ({claim.scale})",
+            f"{claim.finding} ({claim.relation})",
+            f"{versus}, {METRICS[claim.metric]}",
+            f"{100 * p:.1f}% vs {100 * q:.1f}%",
+            f"{difference:+.1f} points (± {noise:.1f}): {word}",
+        ]
+        lines.append("| " + " | ".join(cells) + " |")
+    if len(lines) == 2:
+        return []
+    return [
+        "## What the sources report, beside ours",
+        "",
+        "Each source's finding in its own words or figures, at its own scale, and the same comparison on the rows "
+        "above. Ours are models of ~3.4M encoder parameters trained on ~2M tokens: a finding at 100M parameters and "
+        "billions of tokens need not hold here, and where it does not the table says so rather than explain it "
+        "away. A finding of parity agrees where our difference is within two standard errors of sampling noise "
+        '(the held-out items each figure counts); one of "not worse" where ours is not behind by more than that.',
         "",
         *lines,
         "",
@@ -488,7 +709,12 @@ def main(argv: list[str] | None = None) -> int:
     for result in results:
         if extended[result.row] is not None and lengths:
             result.length_accuracy, result.length_masked_tokens = length_test(
-                extended[result.row], corpus, lengths, args.length_test_tokens, work
+                extended[result.row],
+                corpus,
+                lengths,
+                args.length_test_tokens,
+                work,
+                args.out / result.row / "length-test.json",
             )
     report = {
         "rows": [asdict(r) for r in results],

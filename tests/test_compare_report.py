@@ -1,0 +1,84 @@
+"""The comparison's report (scripts/compare_architectures.py): the sources' findings set beside ours with a
+verdict read off the figures and their sampling noise, and the length test's scores kept like a stage's
+output. The training and the latency it reports are a benchmark's (docs/COMPARISON.md), not tested here;
+every row's training, export and serving are (tests/test_architectures.py)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def compare():
+    spec = importlib.util.spec_from_file_location(
+        "compare_architectures", REPO / "scripts" / "compare_architectures.py"
+    )
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses resolve their annotations through sys.modules
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_every_source_claim_names_rows_and_a_metric_the_script_has(compare):
+    for claim in compare.SOURCE_CLAIMS:
+        assert claim.row in compare.ROWS and claim.against in compare.ROWS, claim
+        assert claim.metric in compare.METRICS, claim
+        assert claim.relation in ("parity", "not worse"), claim
+        assert claim.url.startswith("https://"), claim
+
+
+def test_parity_agrees_within_two_standard_errors_and_not_past_them(compare):
+    # 10,000 masked tokens each at ~20%: one standard error of the difference is 0.57 points.
+    difference, noise, word = compare.verdict("parity", (0.205, 10_000), (0.200, 10_000))
+    assert difference == pytest.approx(0.5) and noise == pytest.approx(1.13, abs=0.01) and word == "agrees"
+    assert compare.verdict("parity", (0.23, 10_000), (0.20, 10_000))[2] == "disagrees: ahead"
+    assert compare.verdict("parity", (0.17, 10_000), (0.20, 10_000))[2] == "disagrees: behind"
+    # The same 3 points on 200 articles are within the noise of so few.
+    assert compare.verdict("parity", (0.83, 200), (0.80, 200))[2] == "agrees"
+
+
+def test_not_worse_agrees_when_ahead_and_disagrees_only_when_clearly_behind(compare):
+    assert compare.verdict("not worse", (0.30, 10_000), (0.20, 10_000))[2] == "agrees"
+    assert compare.verdict("not worse", (0.195, 10_000), (0.200, 10_000))[2] == "agrees"
+    assert compare.verdict("not worse", (0.15, 10_000), (0.20, 10_000))[2] == "disagrees: behind"
+    with pytest.raises(ValueError, match="unknown relation"):
+        compare.verdict("better", (0.3, 10), (0.2, 10))
+
+
+def test_a_claim_whose_rows_are_not_in_the_run_is_left_out(compare):
+    gated = compare.RowResult(row="gated-ssm", masked_token_accuracy_128=0.15, masked_tokens_128=9830)
+    assert compare.sources_section([gated]) == []  # every claim needs a second row or a length test
+    attention = compare.RowResult(row="stack-attention", topic_accuracy=0.95, topic_test_articles=212)
+    gated.topic_accuracy, gated.topic_test_articles = 0.79, 212
+    section = "\n".join(compare.sources_section([gated, attention]))
+    assert "Pretraining Without Attention" in section
+    assert "79.0% vs 95.0%" in section and "-16.0 points" in section and "disagrees: behind" in section
+    assert "Pay Attention to MLPs" not in section  # gmlp was not run
+
+
+def test_the_masked_tokens_a_stage_scored_follow_its_evaluation_settings(compare):
+    card = {"config": {"eval_batches": 16, "batch_size": 32, "data": {"seq_len": 128, "mask_prob": 0.15}}}
+    assert compare.masked_tokens_scored(card) == 9830
+
+
+def test_the_length_tests_saved_scores_are_read_back_not_scored_again(compare, tmp_path):
+    scores = tmp_path / "length-test.json"
+    saved = {
+        "length_test_tokens": 65536,
+        "accuracy": {"128": 0.18, "512": 0.19},
+        "masked_tokens": {"128": 9492, "512": 9602},
+    }
+    scores.write_text(json.dumps(saved))
+    missing = tmp_path / "no-such-artifact"  # loading it would fail: nothing is scored again
+    accuracy, counted = compare.length_test(missing, tmp_path, [128, 512], 65536, tmp_path, scores)
+    assert accuracy == {128: 0.18, 512: 0.19} and counted == {128: 9492, 512: 9602}
+    # Scores of another token budget are not this test's: the model is read to score again.
+    with pytest.raises(FileNotFoundError, match="model.safetensors"):
+        compare.length_test(missing, tmp_path, [128, 512], 4096, tmp_path, scores)
