@@ -6,7 +6,7 @@ data, served by the same runtime.
     python scripts/compare_architectures.py [--out runs/compare] [--rows gated-ssm,stack-alibi-clap]
         [--buckets 128,512,4096] [--reps 5] [--set KEY=VALUE …] [--pretrain-set KEY=VALUE …]
         [--lengths 128,512,1024,2048,4096] [--length-test-tokens 65536] [--long-length 4096] [--long-latency]
-        [--report docs/COMPARISON.md]
+        [--no-long-extension] [--report docs/COMPARISON.md]
 
 Per row, each stage through the `bigs` command line, as a user would run it (stages meet only
 through their dirs, docs/DESIGN.md §1.1):
@@ -29,7 +29,9 @@ held-out masked tokens at each of `--lengths` (128 and 512, the lengths it was t
 length (its first `--length-test-tokens` tokens, the same text at every length), masked as training masks
 with the held-out seed, run by the training module's Flax model (`bigs eval`'s ArtifactModel). The
 absolute-position rows read past 512 through the extension's tiled position table, ALiBi through its
-distance biases. A row tied to N is not length-flexible; the table says instead what reading
+distance biases. Then (unless `--no-long-extension`) the same model trains briefly at 4,096 tokens
+(`bigs train extend --config training/recipes/compare-extend-long.toml`, 65,536 tokens) and is scored at 4,096
+again: what a little training at the length adds. A row tied to N is not length-flexible; the table says instead what reading
 `--long-length` tokens would cost it: its encoder's parameters at N = `--long-length` (counted on a model
 built on torch's meta device, no memory), and with `--long-latency` the latency of an untrained classifier
 built at that N and exported at that one bucket, timed with the others (a cost of the architecture, not of
@@ -96,6 +98,9 @@ class RowResult:
     # The length test: held-out masked-token accuracy at each length, no training past 512 (flexible rows).
     length_accuracy: dict[int, float] = field(default_factory=dict)
     length_masked_tokens: dict[int, int] = field(default_factory=dict)  # how many masked tokens each scored
+    # Then after a short extension at the long length (compare-extend-long.toml), scored at that length.
+    extended_long_accuracy: dict[int, float] = field(default_factory=dict)
+    extended_long_masked_tokens: dict[int, int] = field(default_factory=dict)
     # What reading --long-length tokens costs: encoder parameters at that length (a fixed-N row built at N = it),
     # and with --long-latency the latency of an untrained build at that N (fixed-N rows).
     long_length: int | None = None
@@ -143,6 +148,14 @@ def config_of(artifact: Path):
     from model import BiGSConfig
 
     return BiGSConfig.from_pretrained(str(artifact))
+
+
+LONG_EXTENSION_RECIPE = "compare-extend-long.toml"
+
+
+def long_extension_length() -> int:
+    """The length the short long extension trains at (its recipe's data.seq_len)."""
+    return tomllib.loads((RECIPES / LONG_EXTENSION_RECIPE).read_text())["data"]["seq_len"]
 
 
 def run_row(row: str, out: Path, args) -> tuple[RowResult, Path, Path | None]:
@@ -394,11 +407,22 @@ def length_section(results: list[RowResult], args) -> list[str]:
     if not flexible:
         return []
     lengths = sorted({n for r in flexible for n in r.length_accuracy})
-    head = ["row", *[f"{n:,}" for n in lengths]]
+    longs = sorted({n for r in flexible for n in r.extended_long_accuracy})
+    head = ["row", *[f"{n:,}" for n in lengths], *[f"{n:,} after a short extension at {n:,}" for n in longs]]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in flexible:
-        lines.append("| " + " | ".join([r.row, *[percent(r.length_accuracy.get(n)) for n in lengths]]) + " |")
+        cells = [percent(r.length_accuracy.get(n)) for n in lengths]
+        cells += [percent(r.extended_long_accuracy.get(n)) for n in longs]
+        lines.append("| " + " | ".join([r.row, *cells]) + " |")
     counted = {n: max(r.length_masked_tokens.get(n, 0) for r in flexible) for n in lengths}
+    extension = ""
+    if longs:
+        recipe = tomllib.loads((RECIPES / LONG_EXTENSION_RECIPE).read_text())
+        tokens = recipe["num_steps"] * recipe["batch_size"] * recipe["data"]["seq_len"]
+        extension = (
+            f" The last column: the same model after {tokens:,} tokens of training at that length "
+            f"(`{LONG_EXTENSION_RECIPE}`; not counted in the table's tokens seen), scored on the same text."
+        )
     return [
         "## The length test",
         "",
@@ -407,7 +431,9 @@ def length_section(results: list[RowResult], args) -> list[str]:
         "packed at each "
         f"length (its first {args.length_test_tokens:,} tokens; "
         + ", ".join(f"{counted[n]:,} masked tokens at {n:,}" for n in lengths)
-        + "). Plot: `length_curve.png`.",
+        + ")."
+        + extension
+        + " Plot: `length_curve.png`.",
         "",
         *lines,
         "",
@@ -641,9 +667,11 @@ def plot_length_curve(results: list[RowResult], path: Path) -> None:
     for r in results:
         if r.length_accuracy:  # one model (the extended one) on one text at every length
             points = sorted(r.length_accuracy.items())
-            ax.plot([n for n, _ in points], [100 * a for _, a in points], "o-", label=r.row)
+            (line,) = ax.plot([n for n, _ in points], [100 * a for _, a in points], "o-", label=r.row)
+            for n, a in r.extended_long_accuracy.items():  # after a short extension at n: the same colour, hollow
+                ax.plot([n], [100 * a], "s", mfc="none", color=line.get_color(), markersize=8)
     ax.set_xscale("log", base=2)
-    ax.set_xlabel("tokens per input (trained at 128, extended at 512; no training past 512)")
+    ax.set_xlabel("tokens per input (trained at 128, extended at 512; hollow square: after a short extension there)")
     ax.set_ylabel("held-out masked-token accuracy (%)")
     ax.legend(fontsize=8)
     ax.grid(alpha=0.3)
@@ -673,6 +701,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--long-length", type=int, default=4096, help="the long input a fixed-N row is costed at")
     parser.add_argument(
         "--long-latency", action="store_true", help="also build each fixed-N row at N = --long-length and time it"
+    )
+    parser.add_argument(
+        "--long-extension",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help=f"train each length-flexible row briefly at the long length ({LONG_EXTENSION_RECIPE}) and score it there",
     )
     args = parser.parse_args(argv)
     rows = [r.strip() for r in args.rows.split(",") if r.strip()]
@@ -715,6 +749,23 @@ def main(argv: list[str] | None = None) -> int:
                 args.length_test_tokens,
                 work,
                 args.out / result.row / "length-test.json",
+            )
+        if extended[result.row] is not None and args.long_extension:
+            # The same test at the long length after a short extension there: what a little training at that
+            # length adds to (or shows missing from) what the row carried over from 512.
+            long = long_extension_length()
+            pretrain = [f"data.data_dir={corpus}", *args.set, *args.pretrain_set]
+            longer = train(
+                "extend", LONG_EXTENSION_RECIPE, args.out / result.row / f"extend-{long}",
+                [f"init_from={extended[result.row]}", *pretrain],
+            )  # fmt: skip
+            result.extended_long_accuracy, result.extended_long_masked_tokens = length_test(
+                longer,
+                corpus,
+                [long],
+                args.length_test_tokens,
+                work,
+                args.out / result.row / f"length-test-{long}.json",
             )
     report = {
         "rows": [asdict(r) for r in results],

@@ -82,3 +82,18 @@ def test_the_length_tests_saved_scores_are_read_back_not_scored_again(compare, t
     # Scores of another token budget are not this test's: the model is read to score again.
     with pytest.raises(FileNotFoundError, match="model.safetensors"):
         compare.length_test(missing, tmp_path, [128, 512], 4096, tmp_path, scores)
+
+
+def test_the_length_table_has_the_short_extension_column_beside_the_extrapolation(compare):
+    row = compare.RowResult(
+        row="gated-ssm",
+        length_accuracy={512: 0.183, 4096: 0.178},
+        length_masked_tokens={512: 9602, 4096: 9644},
+        extended_long_accuracy={4096: 0.196},
+        extended_long_masked_tokens={4096: 9644},
+    )
+    args = type("Args", (), {"length_test_tokens": 65536})()
+    section = "\n".join(compare.length_section([row], args))
+    assert "| row | 512 | 4,096 | 4,096 after a short extension at 4,096 |" in section
+    assert "| gated-ssm | 18.3% | 17.8% | 19.6% |" in section
+    assert "65,536 tokens of training at that length" in section
