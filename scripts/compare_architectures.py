@@ -663,7 +663,7 @@ def plot_length_curve(results: list[RowResult], path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(7, 4))
+    fig, ax = plt.subplots(figsize=(9, 4))
     for r in results:
         if r.length_accuracy:  # one model (the extended one) on one text at every length
             points = sorted(r.length_accuracy.items())
@@ -671,9 +671,9 @@ def plot_length_curve(results: list[RowResult], path: Path) -> None:
             for n, a in r.extended_long_accuracy.items():  # after a short extension at n: the same colour, hollow
                 ax.plot([n], [100 * a], "s", mfc="none", color=line.get_color(), markersize=8)
     ax.set_xscale("log", base=2)
-    ax.set_xlabel("tokens per input (trained at 128, extended at 512; hollow square: after a short extension there)")
+    ax.set_xlabel("tokens per input (trained at 128, then 512; square: after a short extension at that length)")
     ax.set_ylabel("held-out masked-token accuracy (%)")
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))  # outside: the lines fill the axes
     ax.grid(alpha=0.3)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
