@@ -326,7 +326,10 @@ def measure_latency(exports: dict[str, Path], reps: int, threads: int) -> dict[s
 
     from export.onnx_runtime import load_sessions
 
-    sessions = {row: load_sessions(path, intra_op_threads=threads) for row, path in exports.items()}
+    # spin_wait off, as the service loads them (service/settings.py ort_spin_wait): with ORT's default spinning,
+    # the threads of the session that just ran keep spinning while the next row's session runs, and interleaved
+    # rows time each other's spinning (nearly 4x at 128 tokens with nine rows loaded).
+    sessions = {row: load_sessions(path, intra_op_threads=threads, spin_wait=False) for row, path in exports.items()}
     buckets = sorted(set().union(*(set(s) for s in sessions.values())))
     times: dict[str, dict[int, list[float]]] = {row: {} for row in sessions}
     rng = np.random.default_rng(0)
