@@ -475,6 +475,15 @@ def long_section(results: list[RowResult], args) -> list[str]:
 
 
 @dataclass(frozen=True)
+class Source:
+    """A paper or post the comparison cites, once however many of its findings it sets beside ours."""
+
+    name: str
+    url: str
+    scale: str  # what the source trained: parameters, tokens, length
+
+
+@dataclass(frozen=True)
 class SourceClaim:
     """One finding a source reports, in its own terms, and the same comparison made on our rows.
 
@@ -482,9 +491,7 @@ class SourceClaim:
     `against`: "parity" (the same, within noise) or "not worse" (the same or better). Our verdict is read off
     the difference and its sampling noise, never typed in (`verdict`)."""
 
-    source: str
-    url: str
-    scale: str  # what the source trained: parameters, tokens, length
+    source: Source
     finding: str  # the source's words or figures
     row: str
     against: str
@@ -492,13 +499,41 @@ class SourceClaim:
     relation: str
 
 
+BIGS_PAPER = Source(
+    name="Wang et al., Pretraining Without Attention (2022)",
+    url="https://arxiv.org/abs/2212.10544",
+    scale="models pretrained on ~100B tokens at 128 and at 512 tokens (the authors' repository)",
+)
+
+GMLP_PAPER = Source(
+    name="Liu et al., Pay Attention to MLPs (2021)",
+    url="https://arxiv.org/abs/2105.08050",
+    scale="BERT-style masked LMs at BERT's sizes",
+)
+
+SYNTHESIZER_PAPER = Source(
+    name="Tay et al., Synthesizer (ICML 2021)",
+    url="https://arxiv.org/abs/2005.00743",
+    scale="Transformer-size models on translation, language modelling, text generation and GLUE/SuperGLUE",
+)
+
+ALIBI_CLAP_POST = Source(
+    name="Chou, Masked Language Model with ALiBi and CLAP head (ICLR 2024 blog track)",
+    url="https://iclr-blogposts.github.io/2024/blog/alibi-mlm/",
+    scale="RoBERTa base (125M) and large (355M), one epoch of the Pile at 2,048 tokens",
+)
+
+ALIBI_PAPER = Source(
+    name="Press et al., Train Short, Test Long (ICLR 2022)",
+    url="https://arxiv.org/abs/2108.12409",
+    scale="a 1.3B-parameter decoder trained at 1,024 tokens",
+)
+
 # Only what the sources' own text says (their abstracts, or the figures of their tables where the table is in
 # the text): a source's figures are never restated from memory.
 SOURCE_CLAIMS = (
     SourceClaim(
-        source="Wang et al., Pretraining Without Attention (2022)",
-        url="https://arxiv.org/abs/2212.10544",
-        scale="models pretrained on ~100B tokens at 128 and at 512 tokens (the authors' repository)",
+        source=BIGS_PAPER,
         finding='"BiGS is able to match BERT pretraining accuracy on GLUE"',
         row="gated-ssm",
         against="stack-attention",
@@ -506,9 +541,7 @@ SOURCE_CLAIMS = (
         relation="parity",
     ),
     SourceClaim(
-        source="Liu et al., Pay Attention to MLPs (2021)",
-        url="https://arxiv.org/abs/2105.08050",
-        scale="BERT-style masked LMs at BERT's sizes",
+        source=GMLP_PAPER,
         finding='"For BERT, our model achieves parity with Transformers on pretraining perplexity"',
         row="gmlp",
         against="stack-attention",
@@ -516,9 +549,7 @@ SOURCE_CLAIMS = (
         relation="parity",
     ),
     SourceClaim(
-        source="Tay et al., Synthesizer (ICML 2021)",
-        url="https://arxiv.org/abs/2005.00743",
-        scale="Transformer-size models on translation, language modelling, text generation and GLUE/SuperGLUE",
+        source=SYNTHESIZER_PAPER,
         finding='"random alignment matrices surprisingly perform quite competitively"',
         row="stack-synthesizer-random",
         against="stack-attention",
@@ -526,9 +557,7 @@ SOURCE_CLAIMS = (
         relation="parity",
     ),
     SourceClaim(
-        source="Tay et al., Synthesizer (ICML 2021)",
-        url="https://arxiv.org/abs/2005.00743",
-        scale="Transformer-size models on translation, language modelling, text generation and GLUE/SuperGLUE",
+        source=SYNTHESIZER_PAPER,
         finding='"simple Synthesizers achieve highly competitive performance when compared against vanilla '
         'Transformer models"',
         row="stack-synthesizer-dense",
@@ -537,9 +566,7 @@ SOURCE_CLAIMS = (
         relation="parity",
     ),
     SourceClaim(
-        source="Chou, Masked Language Model with ALiBi and CLAP head (ICLR 2024 blog track)",
-        url="https://iclr-blogposts.github.io/2024/blog/alibi-mlm/",
-        scale="RoBERTa base (125M) and large (355M), one epoch of the Pile at 2,048 tokens",
+        source=ALIBI_CLAP_POST,
         finding="validation MLM perplexity, ALiBi + CLAP head against learned positions + RoBERTa head: "
         "2.83 vs 2.94 (base), 2.54 vs 2.55 (large)",
         row="stack-alibi-clap",
@@ -548,9 +575,7 @@ SOURCE_CLAIMS = (
         relation="not worse",
     ),
     SourceClaim(
-        source="Chou, Masked Language Model with ALiBi and CLAP head (ICLR 2024 blog track)",
-        url="https://iclr-blogposts.github.io/2024/blog/alibi-mlm/",
-        scale="RoBERTa base (125M) and large (355M), one epoch of the Pile at 2,048 tokens",
+        source=ALIBI_CLAP_POST,
         finding='"CLAP head on its own ... seems to be competitive": perplexity 2.86 vs 2.94 (base), 2.50 vs '
         "2.55 (large), learned positions with the CLAP head against the RoBERTa head (on attention; ours is "
         "on BiGS)",
@@ -560,9 +585,7 @@ SOURCE_CLAIMS = (
         relation="not worse",
     ),
     SourceClaim(
-        source="Press et al., Train Short, Test Long (ICLR 2022)",
-        url="https://arxiv.org/abs/2108.12409",
-        scale="a 1.3B-parameter decoder trained at 1,024 tokens",
+        source=ALIBI_PAPER,
         finding='ALiBi "extrapolates to input sequences of length 2048, achieving the same perplexity" as a '
         "model trained at 2,048",
         row="stack-alibi-clap",
@@ -637,7 +660,7 @@ def sources_section(results: list[RowResult]) -> list[str]:
         difference, noise, word = verdict(claim.relation, *figures)
         versus = claim.row if claim.row == claim.against else f"{claim.row} vs {claim.against}"
         cells = [
-            f"[{claim.source}]({claim.url}) ({claim.scale})",
+            f"[{claim.source.name}]({claim.source.url}) ({claim.source.scale})",
             f"{claim.finding} ({claim.relation})",
             f"{versus}, {METRICS[claim.metric]}",
             f"{100 * p:.1f}% vs {100 * q:.1f}%",

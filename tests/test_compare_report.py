@@ -31,7 +31,7 @@ def test_every_source_claim_names_rows_and_a_metric_the_script_has(compare):
         assert claim.row in compare.ROWS and claim.against in compare.ROWS, claim
         assert claim.metric in compare.METRICS, claim
         assert claim.relation in ("parity", "not worse"), claim
-        assert claim.url.startswith("https://"), claim
+        assert claim.source.url.startswith("https://"), claim
 
 
 def test_parity_agrees_within_two_standard_errors_and_not_past_them(compare):
