@@ -239,12 +239,13 @@ def length_test(
     from training.evaluation import ArtifactModel, masked_token_hits
 
     saved = json.loads(scores.read_text()) if scores.is_file() else {}
-    accuracy, counted = {}, {}
+    accuracy, counted = {}, {}  # every length scored on `tokens` tokens, this run's and earlier runs'
     if saved.get("length_test_tokens") == tokens:
-        accuracy = {int(n): a for n, a in saved["accuracy"].items() if int(n) in lengths}
-        counted = {int(n): m for n, m in saved["masked_tokens"].items() if int(n) in lengths}
+        accuracy = {int(n): a for n, a in saved["accuracy"].items()}
+        counted = {int(n): m for n, m in saved["masked_tokens"].items()}
+    asked = lambda scores: {n: v for n, v in scores.items() if n in lengths}
     if all(length in accuracy for length in lengths):
-        return accuracy, counted
+        return asked(accuracy), asked(counted)
     model = ArtifactModel(extended)
     for length in lengths:
         if length in accuracy:
@@ -257,10 +258,11 @@ def length_test(
         hits, masked = masked_token_hits(model, split, rows, max(1, LENGTH_TEST_BATCH_TOKENS // length))
         accuracy[length], counted[length] = hits / max(masked, 1), masked
         print(f"length test: {extended} at {length}: {accuracy[length]:.4f} over {masked} masked tokens", flush=True)
-    scores.write_text(
-        json.dumps({"length_test_tokens": tokens, "accuracy": accuracy, "masked_tokens": counted}, indent=2) + "\n"
-    )
-    return accuracy, counted
+    # The file keeps the lengths other runs scored too: a run with fewer `--lengths` must not drop them.
+    ordered = lambda scores: {n: scores[n] for n in sorted(scores)}
+    record = {"length_test_tokens": tokens, "accuracy": ordered(accuracy), "masked_tokens": ordered(counted)}
+    scores.write_text(json.dumps(record, indent=2) + "\n")
+    return asked(accuracy), asked(counted)
 
 
 def recipe_model(row: str, overrides: list[str]) -> dict:

@@ -84,6 +84,23 @@ def test_the_length_tests_saved_scores_are_read_back_not_scored_again(compare, t
         compare.length_test(missing, tmp_path, [128, 512], 4096, tmp_path, scores)
 
 
+def test_a_length_test_over_fewer_lengths_keeps_the_other_lengths_scores(compare, tmp_path, tiny_model):
+    artifact = tmp_path / "artifact"
+    tiny_model(max_position_embeddings=64).save_pretrained(artifact)
+    scores = tmp_path / "length-test.json"
+    saved = {
+        "length_test_tokens": 65536,
+        "accuracy": {"512": 0.19, "4096": 0.18},
+        "masked_tokens": {"512": 9602, "4096": 9644},
+    }
+    scores.write_text(json.dumps(saved))
+    # 8,192 is past what the model reads: the model is loaded, nothing is scored, and the file is written again
+    accuracy, counted = compare.length_test(artifact, tmp_path, [512, 8192], 65536, tmp_path, scores)
+    assert accuracy == {512: 0.19} and counted == {512: 9602}
+    kept = json.loads(scores.read_text())
+    assert kept["accuracy"] == {"512": 0.19, "4096": 0.18} and kept["masked_tokens"] == {"512": 9602, "4096": 9644}
+
+
 def test_the_length_table_has_the_short_extension_column_beside_the_extrapolation(compare):
     row = compare.RowResult(
         row="gated-ssm",
