@@ -25,6 +25,12 @@ Candidates (those the dir and this install have):
                              block (accuracy_level 4)
     ov-fp32           OpenVINO, the fp32 graphs at INFERENCE_PRECISION_HINT=f32
     ov-bf16           OpenVINO, the same graphs at bf16 (AMX, or AVX512_BF16; what `precision=bf16` serves)
+    with --quantize, two of the int8 graphs above run by OpenVINO instead (`OPENVINO_METHODS`), whose CPU
+    plugin has int8 kernels of its own:
+    ov-int8-static     the ort-int8-static graph: OpenVINO runs its QDQ products as int8 products
+    ov-int8-blockwise  the ort-int8-blockwise graph: weights kept int8, activations quantized per token in
+                       groups of 32 at run time (the plugin's dynamic quantization on VNNI and AMX CPUs,
+                       DYNAMIC_QUANTIZATION_GROUP_SIZE, 32 by default)
 
 Timing: each cell is the median of --repeats runs after one warm-up, on full-length inputs with one mask
 position, the candidates alternating within each repeat so they all see the same background load; ms and
@@ -76,6 +82,10 @@ def _methods() -> dict[str, Make]:
         "ort-int8-static": quantize_int8_static,
         "ort-int8-blockwise": lambda src, dst, _: quantize_int8_blockwise(src, dst),
     }
+
+
+# The int8 graphs of `_methods` that OpenVINO also runs (with --quantize): its column → the method whose graphs
+OPENVINO_METHODS = {"ov-int8-static": "ort-int8-static", "ov-int8-blockwise": "ort-int8-blockwise"}
 
 
 @dataclass
@@ -149,7 +159,7 @@ def candidates(export_dir: Path, buckets: list[int], batch: int, work: Path, qua
 
     from export.gate import ORT_SPIN_WAIT, gate_batches, gate_inputs, ort_runner, ort_sessions
     from export.manifest import read_manifest
-    from export.openvino_runtime import load_compiled, openvino_available
+    from export.openvino_runtime import compile_graph, load_compiled, openvino_available
 
     manifest = read_manifest(export_dir)
     vocab = manifest.model.vocab_size
@@ -166,6 +176,7 @@ def candidates(export_dir: Path, buckets: list[int], batch: int, work: Path, qua
     add_ort("ort-fp32", ort_sessions(export_dir, manifest, buckets=buckets))
     if any(manifest.onnx.buckets[b].int8 is not None for b in buckets):
         add_ort("ort-int8", ort_sessions(export_dir, manifest, "int8", buckets=buckets))
+    made: dict[str, dict[int, Path]] = {}  # method → bucket → its int8 graph (with --quantize)
     if quantize:  # quantized here from the fp32 graphs, loaded with ORT's optimisations on
         tokenizer = gate_inputs(export_dir, manifest).tokenizer
         fill_mask = "fill-mask" in manifest.heads
@@ -177,15 +188,18 @@ def candidates(export_dir: Path, buckets: list[int], batch: int, work: Path, qua
                     {k: v for k, v in f.items() if k in names} for f in gate_batches(tokenizer, b, fill_mask)
                 ]
                 make(src, dst, calibration)
+                made.setdefault(name, {})[b] = dst
                 options = ort.SessionOptions()
                 options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED
                 options.add_session_config_entry("session.intra_op.allow_spinning", "1" if ORT_SPIN_WAIT else "0")
                 sessions[b] = ort.InferenceSession(str(dst), options, providers=["CPUExecutionProvider"])
             add_ort(name, sessions)
     if openvino_available():
-        for precision in ("fp32", "bf16"):
-            compiled = load_compiled(export_dir, precision, buckets=buckets, manifest=manifest)
-            name = f"ov-{precision}"
+        loaded = {f"ov-{p}": load_compiled(export_dir, p, buckets=buckets, manifest=manifest) for p in ("fp32", "bf16")}
+        for name, method in OPENVINO_METHODS.items():
+            if method in made:  # at f32: the graph's own int8 products are what OpenVINO runs in int8
+                loaded[name] = {b: compile_graph(path, "fp32") for b, path in made[method].items()}
+        for name, compiled in loaded.items():
             found.timed[name] = {b: (lambda c=c, f=feeds[b]: c.run(f)) for b, c in compiled.items()}
             found.run[name] = lambda bucket, f, compiled=compiled: compiled[bucket].run(f)
     return found
@@ -242,7 +256,7 @@ def main(argv: list[str] | None = None) -> None:
         "--quantize",
         action="store_true",
         help="also each int8 method tried, quantized here: dynamic per channel and per tensor, 8- and 7-bit "
-        "weights; static QDQ calibrated on real text; blockwise (MatMulNBits)",
+        "weights; static QDQ calibrated on real text; blockwise (MatMulNBits); the last two on OpenVINO too",
     )
     parser.add_argument("--gate", action="store_true", help="also each candidate's accuracy gate at each bucket")
     args = parser.parse_args(argv)
