@@ -51,6 +51,21 @@ def test_masked_token_accuracy_on_a_built_corpus_is_a_share_of_the_masked_tokens
     assert again[0].value == row.value and again[0].count == row.count  # the same masks every time
 
 
+def test_a_corpus_repacked_past_the_models_length_is_scored_at_the_longest_packing_it_reads(exports, tmp_path):
+    """A corpus packed at 64 and later at 2,048 (longer than the model's 1,024 positions): the masked tokens
+    are scored at 64, as before the repack, instead of refused."""
+    from model.tokenizer import bert_uncased_tokenizer
+    from training.data import build_corpus, repack
+
+    build_corpus(["kjv"], tmp_path, seq_len=64, max_docs=60, tokenizer=bert_uncased_tokenizer())
+    masked = lambda: [r for r in evaluate(exports["art-mlm"], tmp_path).rows if r.metric == "masked-token accuracy"]
+    (before,) = masked()
+    repack(tmp_path, 2048)
+    (after,) = masked()
+    assert "sequences of 64" in after.note
+    assert (after.value, after.count) == (before.value, before.count)
+
+
 def test_a_classifier_scores_its_cards_test_accuracy_beside_both_baselines(tmp_path):
     model = ROOT / "models" / "bigs-mini-news"
     card = json.loads((model / "training_card.json").read_text())

@@ -286,10 +286,18 @@ def score_cloze(model, tokenizer, items: list[ClozeItem], batch_size: int = 16) 
 
 
 def score_masked_tokens(model, data_dir: Path, max_rows: int = 1024, batch_size: int = 32) -> Row:
-    """Masked-token accuracy on the corpus's test split, masked as training masks (fixed seed)."""
-    from .data import open_split
+    """Masked-token accuracy on the corpus's test split, masked as training masks (fixed seed): as packed for
+    training last, or, where that is longer than the model reads (a corpus repacked at 512 for a later stage,
+    a model of its 128-token stage), at the longest packing the model reads."""
+    from .data import open_split, packed_lengths
 
-    split = open_split(data_dir, "test")  # as packed for training (its latest length)
+    lengths, latest = packed_lengths(data_dir)
+    readable = [n for n in lengths if n <= model.max_length]
+    if latest > model.max_length and not readable:
+        raise ValueError(
+            f"{data_dir} is packed at {', '.join(map(str, lengths))} tokens, past the model's {model.max_length}"
+        )
+    split = open_split(data_dir, "test", latest if latest <= model.max_length else max(readable))
     rows = min(len(split), max_rows)
     correct, counted = masked_token_hits(model, split, rows, batch_size)
     note = f"test split of {data_dir}, {rows} sequences of {split[np.arange(1)].shape[1]}"

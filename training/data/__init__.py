@@ -15,7 +15,7 @@ Stages, one module each, in the order data flows:
     spans.py         SQuAD JSON and CoNLL / JSONL tags for the qa and tokens stages (in memory, no shards)
 """
 
-from training.data.corpus import build_corpus, build_labelled, load_documents, open_split, repack
+from training.data.corpus import build_corpus, build_labelled, load_documents, open_split, packed_lengths, repack
 from training.data.dataset import BatchOrder, LabelledDataset, PackedDataset
 from training.data.masking import MaskingConfig, mask_tokens
 from training.data.sources import LABELLED, SOURCES, UNLABELLED, Document, get_source, load_source
@@ -38,6 +38,7 @@ __all__ = [
     "load_source",
     "mask_tokens",
     "open_split",
+    "packed_lengths",
     "repack",
     "split_documents",
 ]

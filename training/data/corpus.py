@@ -262,6 +262,14 @@ def open_split(out_dir: str | Path, split: str = "train", seq_len: int | None = 
     return PackedDataset(out_dir / card["packed"][str(seq_len)][split]["dir"])
 
 
+def packed_lengths(out_dir: str | Path) -> tuple[list[int], int]:
+    """(every length a built corpus is packed at, ascending; the latest it was packed at)."""
+    card = _read_card(Path(out_dir))
+    if card is None or card["kind"] == "labelled":
+        raise ValueError(f"{out_dir} is not a built corpus")
+    return sorted(int(n) for n in card["packed"]), int(card["seq_len"])
+
+
 def build_labelled(
     source: str,
     out_dir: str | Path,
