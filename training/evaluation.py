@@ -293,11 +293,11 @@ def score_masked_tokens(model, data_dir: Path, max_rows: int = 1024, batch_size:
 
     lengths, latest = packed_lengths(data_dir)
     readable = [n for n in lengths if n <= model.max_length]
-    if latest > model.max_length and not readable:
+    if not readable:
         raise ValueError(
             f"{data_dir} is packed at {', '.join(map(str, lengths))} tokens, past the model's {model.max_length}"
         )
-    split = open_split(data_dir, "test", latest if latest <= model.max_length else max(readable))
+    split = open_split(data_dir, "test", latest if latest in readable else max(readable))
     rows = min(len(split), max_rows)
     correct, counted = masked_token_hits(model, split, rows, batch_size)
     note = f"test split of {data_dir}, {rows} sequences of {split[np.arange(1)].shape[1]}"
