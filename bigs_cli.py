@@ -53,6 +53,7 @@ BENCHMARKS = {
     "accelerator": "bench.accelerator",
     "warm-up": "bench.warm_up",
     "long-documents": "bench.long_documents",
+    "emulated-cpu": "bench.emulated_cpu",
 }
 
 

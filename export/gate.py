@@ -233,17 +233,20 @@ class VariantRunner:
     run: RunBatch
 
 
-def variant_runner(export_dir: Path, manifest: Manifest, precision: str) -> VariantRunner:
-    """Load `precision`'s graphs of the dir into the runtime that serves them; VariantUnavailable where this
-    machine cannot run them as that precision (then a measurement would be of something else)."""
+def variant_runner(
+    export_dir: Path, manifest: Manifest, precision: str, buckets: list[int] | None = None
+) -> VariantRunner:
+    """Load `precision`'s graphs of the dir (at `buckets`, default every one) into the runtime that serves
+    them; VariantUnavailable where this machine cannot run them as that precision (then a measurement
+    would be of something else)."""
     if precision == "int8":
-        return VariantRunner("onnxruntime", "int8", ort_runner(ort_sessions(export_dir, manifest, "int8")))
+        return VariantRunner("onnxruntime", "int8", ort_runner(ort_sessions(export_dir, manifest, "int8", buckets)))
     if precision == "bf16":
         from .openvino_runtime import effective_precision, load_compiled, openvino_available
 
         if not openvino_available():
             raise VariantUnavailable("OpenVINO is not installed (the runtime of bf16: pip install openvino)")
-        compiled = load_compiled(export_dir, "bf16", manifest=manifest)
+        compiled = load_compiled(export_dir, "bf16", buckets=buckets, manifest=manifest)
         effective = effective_precision(next(iter(compiled.values())))
         if effective != "bf16":
             raise VariantUnavailable(
@@ -269,7 +272,8 @@ class GateInputs:
         return primary_head(self.manifest.model.architecture)
 
 
-def gate_inputs(export_dir: str | Path, manifest: Manifest) -> GateInputs:
+def gate_inputs(export_dir: str | Path, manifest: Manifest, buckets: list[int] | None = None) -> GateInputs:
+    """The tokenizer and the fp32 reference of the dir, at `buckets` (default every bucket)."""
     from tokenizers import Tokenizer
 
     export_dir = Path(export_dir)
@@ -278,7 +282,7 @@ def gate_inputs(export_dir: str | Path, manifest: Manifest) -> GateInputs:
     tokenizer = Tokenizer.from_file(str(export_dir / "tokenizer.json"))
     tokenizer.no_truncation()
     tokenizer.no_padding()
-    return GateInputs(export_dir, manifest, tokenizer, ort_runner(ort_sessions(export_dir, manifest)))
+    return GateInputs(export_dir, manifest, tokenizer, ort_runner(ort_sessions(export_dir, manifest, buckets=buckets)))
 
 
 def measure_variant(

@@ -96,9 +96,16 @@ def verify(export_dir: str | Path, tolerance: float = DEFAULT_TOLERANCE, parity_
     return report
 
 
-def check_gates(export_dir: Path, manifest: Manifest, report: VerifyReport) -> None:
-    """Measure every recorded precision variant's gate again here (export/gate.py) and add to `report`
-    what no longer holds."""
+def check_gates(
+    export_dir: Path,
+    manifest: Manifest,
+    report: VerifyReport,
+    buckets: list[int] | None = None,
+    precisions: list[str] | None = None,
+) -> None:
+    """Measure every recorded precision variant's gate again here (export/gate.py), at each bucket it was
+    recorded at, and add to `report` what no longer holds; only the variants in `precisions` and the
+    buckets in `buckets` where given (bench/emulated_cpu.py, where each bucket costs minutes)."""
     from . import gate
 
     has_int8_graphs = manifest.onnx is not None and any(g.int8 for g in manifest.onnx.buckets.values())
@@ -123,17 +130,20 @@ def check_gates(export_dir: Path, manifest: Manifest, report: VerifyReport) -> N
         return
     report.cpu = cpu_description()
     try:
-        inputs = gate.gate_inputs(export_dir, manifest)
+        inputs = gate.gate_inputs(export_dir, manifest, buckets)
     except Exception as error:  # no tokenizer, or fp32 graphs that do not load: nothing to measure against
         report.failures.append(f"accuracy gate: could not load its inputs: {type(error).__name__}: {error}")
         return
     for precision, recorded in manifest.precisions.items():
+        if precisions is not None and precision not in precisions:
+            continue
         if not recorded.gate:  # export records every bucket; a manifest without them has nothing to compare
             report.failures.append(f"{precision}: the manifest records no gate figures for it")
             continue
         try:
-            runner = gate.variant_runner(export_dir, manifest, precision)
-            measured = gate.measure_variant(inputs, runner, manifest.gate.thresholds, buckets=sorted(recorded.gate))
+            runner = gate.variant_runner(export_dir, manifest, precision, buckets)
+            chosen = sorted(b for b in recorded.gate if buckets is None or b in buckets)
+            measured = gate.measure_variant(inputs, runner, manifest.gate.thresholds, buckets=chosen)
         except gate.VariantUnavailable as why:
             report.notes.append(f"{precision} gate not measured here: {why} (recorded on {recorded.measured_on})")
             continue
