@@ -128,6 +128,10 @@ def check_gates(
             "that exported the dir, or export it again"
         )
         return
+    unknown = sorted(set(buckets or ()) - set(manifest.buckets))
+    if unknown:  # asked for by the user (bench/emulated_cpu.py): say so rather than fail to load a graph
+        report.failures.append(f"no bucket {', '.join(map(str, unknown))} in this dir (buckets: {manifest.buckets})")
+        return
     report.cpu = cpu_description()
     try:
         inputs = gate.gate_inputs(export_dir, manifest, buckets)

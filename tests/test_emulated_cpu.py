@@ -76,3 +76,12 @@ def test_as_an_avx2_only_cpu_the_7bit_int8_gate_still_passes(int8_export, capfd)
     printed = capfd.readouterr().out  # the emulated process writes to the file descriptor itself
     assert status == 0, printed
     assert "Haswell emulated by qemu-user" in printed and "bucket   128" in printed and "passed" in printed
+
+
+@pytest.mark.slow
+def test_a_bucket_the_dir_does_not_have_is_named_and_nothing_is_gated(int8_export):
+    from bench.emulated_cpu import measure_here
+
+    report = measure_here(int8_export, [128, 300])
+    assert not report.gates
+    assert report.failures == [f"no bucket 300 in this dir (buckets: {BUCKETS})"]
