@@ -70,8 +70,8 @@ def _methods() -> dict[str, Make]:
     eight_bit = Int8Recipe(reduce_range=False)
 
     def smoothed(src: Path, dst: Path, calibration: list[dict[str, np.ndarray]]) -> None:
-        _, factors = rank_products(src, calibration[:RANKING_BATCHES], Int8Recipe().weight_bits)
-        quantize_int8(src, dst, Int8Recipe(smoothing=factors))
+        ranking = rank_products(src, calibration[:RANKING_BATCHES], Int8Recipe().weight_bits)
+        quantize_int8(src, dst, Int8Recipe(smoothing=ranking.smoothing))
 
     return {
         "ort-int8-dyn-channel": lambda src, dst, _: quantize_int8(src, dst, eight_bit),

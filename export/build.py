@@ -283,8 +283,9 @@ def plan_int8(out_dir: Path, manifest: Manifest, graphs: dict[int, Path], job: J
     at = ", ".join(map(str, graphs))
     job.emit(f"{job.name}: int8 search at buckets {at}: ranking the weight products by their int8 error")
     lines = job.stage(MAX_TRIES)  # at most: the search stops early where it can
+    smoothed = lambda buckets: f", smoothed (factors from {', '.join(map(str, buckets))})" if buckets else ""
     done = lambda t: lines.step(
-        f"int8 search at {at}: {t.fp32_products} products fp32{', smoothed' if t.smoothed else ''}, "
+        f"int8 search at {at}: {t.fp32_products} products fp32{smoothed(t.calibrated_at)}, "
         f"gate {'passed' if t.passed else 'FAILED'}"
     )
     recipe, record = search_int8(graphs, tokenizer, primary_head(manifest.model.architecture),
@@ -430,8 +431,11 @@ def summary(manifest: Manifest, out_dir: str | Path) -> str:
                 f"    {len(search.fp32)} of {search.products} weight products left fp32 "
                 f"({search.chosen.fp32_macs_share:.0%} of their multiply-adds) by the int8 search at bucket "
                 f"{search.bucket} ({len(search.tries)} {'try' if len(search.tries) == 1 else 'tries'}); "
-                f"weights {search.weight_bits}-bit" + ("; smoothed (SmoothQuant-style)" if search.smoothing else "")
+                f"weights {search.weight_bits}-bit"
             )
+            if search.smoothing:
+                calibrated = ", ".join(map(str, search.calibrated_at or [search.bucket]))
+                lines[-1] += f"; smoothed (SmoothQuant-style, factors from bucket {calibrated})"
     if manifest.latency is not None:
         figures = manifest.latency.ms
         for bucket in manifest.buckets:

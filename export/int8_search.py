@@ -8,24 +8,30 @@ whole tensor rounds the rest of it coarsely. Quantizing everything, the defaults
 0.91-0.96 < 0.99); the same graphs with those products left in fp32 pass (docs/DESIGN.md §1.3).
 Which products they are depends on the model, so export finds them per model, ranking them on the
 first bucket and gating each try at the first bucket and at the longest bucket up to 512
-(`search_buckets`): smoothing factors taken at 128 tokens can miss at 512 (bigs-mini smoothed passed
-at 128, cosine 0.9935, and missed at 512, 0.9891), and the gate is most exacting up to 512 (32
-sequences a bucket; fewer beyond):
+(`search_buckets`): a graph that passes at 128 tokens can miss at 512, and the gate is most exacting up
+to 512 (32 sequences a bucket; fewer beyond):
 
 1. Rank. The fp32 graph runs a few of the gate's batches with every weight product's input exposed;
    each product's int8 error is simulated exactly as ORT computes it (uint8 activations, one range
    per tensor; int8 or 7-bit weights per output channel) and measured against its fp32 output:
    ||x̂ŵ − xw|| / ||xw||, averaged over the batches. One fp32 pass: no graph per candidate.
 2. Smooth (SmoothQuant, Xiao et al. 2023, for dynamic int8): the same pass gives each product's largest
-   activation per input channel; s_j = max|x_j|^α / max|W_j|^(1−α) (α = `SMOOTHING_ALPHA`) moves the
-   outlier channels' range into the weights, (x / s)·(s W), exact in fp32. The int8 graph then
-   computes a Mul by 1/s before each smoothed product (export/onnx.py `smooth_products`), and the
-   ranking is measured again with it. On bigs-mini-news the largest simulated error fell from 0.093
-   to 0.028, the gated products' from 0.038–0.093 to 0.022–0.032.
+   activation per input channel, and one pass of as many batches at each other search bucket the
+   same there; s_j = max|x_j|^α / max|W_j|^(1−α) (α = `SMOOTHING_ALPHA`) moves the outlier channels'
+   range into the weights, (x / s)·(s W), exact in fp32. The int8 graph then computes a Mul by 1/s
+   before each smoothed product (export/onnx.py `smooth_products`), and the ranking is measured again
+   with it. On bigs-mini-news the largest simulated error fell from 0.093 to 0.028, the gated
+   products' from 0.038–0.093 to 0.022–0.032. Two calibrations, because neither is better for every
+   model: the largest activations grow with length (bigs-mini: up to 25x larger at 512 tokens than at
+   128 in one channel), and factors from 128 alone leave those outliers to the activation range at
+   512 (bigs-mini's all-int8 graph: cosine 0.9935 at 128, 0.9891 < 0.99 at 512; with factors from both
+   buckets 0.9941 and 0.9910, both pass); bigs-mini-news's all-int8 graph passes with 128's factors
+   and, with both buckets', misses at 512 by one of 32 classifications (0.9375 < 0.95).
 3. Search. Quantize and run the gate (export/gate.py `measure_gate`, the same measures and thresholds
-   as every variant's) at that bucket: every product int8 unsmoothed first (no Mul to pay for where
-   plain int8 passes already), then smoothed with the top k of the smoothed ranking left in fp32: k =
-   0, then every product whose error is above half the largest, a quarter, an eighth
+   as every variant's) at the search buckets: every product int8 unsmoothed first (no Mul to pay for
+   where plain int8 passes already), then smoothed with the first bucket's factors, then with every
+   search bucket's (`Int8Try.calibrated_at`); then, with the latter, the top k of the smoothed ranking
+   left in fp32: every product whose error is above half the largest, a quarter, an eighth
    (`EXCLUSION_STEPS`), until one passes; then k is halved between the last count that failed and
    the one that passed, `REFINE_TRIES` times: the fewest tried that pass. At most `MAX_TRIES`
    quantizations and gates at each search bucket, seconds each on 2 cores: within export's
@@ -64,8 +70,17 @@ SMOOTHING_ALPHA = 0.5  # SmoothQuant's: the range split evenly between activatio
 # Products left in fp32 after the all-int8 tries: those whose error is above these fractions of the largest
 EXCLUSION_STEPS = (1 / 2, 1 / 4, 1 / 8)
 REFINE_TRIES = 2  # halvings between the last failing and the first passing count
-MAX_TRIES = 2 + len(EXCLUSION_STEPS) + REFINE_TRIES  # unsmoothed, smoothed, the steps, the halvings
-SMOOTHING = f"SmoothQuant-style (x / s)·(s W) before dynamic int8, s_j = max|x_j|^{SMOOTHING_ALPHA} / max|W_j|^{1 - SMOOTHING_ALPHA} per input channel, from the ranking's activations"
+MAX_TRIES = 3 + len(EXCLUSION_STEPS) + REFINE_TRIES  # unsmoothed, smoothed twice, the steps, the halvings
+SMOOTHING = f"SmoothQuant-style (x / s)·(s W) before dynamic int8, s_j = max|x_j|^{SMOOTHING_ALPHA} / max|W_j|^{1 - SMOOTHING_ALPHA} per input channel, from the gate text's activations at the buckets `calibrated_at` names"
+
+
+@dataclass(frozen=True)
+class Ranking:
+    """`rank_products`' answer: the products by error, and two calibrations of their smoothing factors."""
+
+    products: list[RankedProduct]  # the largest unsmoothed error first
+    smoothing: dict[str, np.ndarray]  # by weight name, from every bucket's activations given; `error_smoothed`'s
+    smoothing_here: dict[str, np.ndarray]  # from the ranking's own batches alone
 
 
 @dataclass(frozen=True)
@@ -139,29 +154,60 @@ def describe_products(model: onnx.ModelProto) -> dict[str, str]:
     return where
 
 
-def rank_products(
-    graph: Path, batches: list[dict[str, np.ndarray]], weight_bits: int
-) -> tuple[list[RankedProduct], dict[str, np.ndarray]]:
-    """The weight products of `graph`, largest simulated int8 error first (module docstring, step 1), and
-    each one's smoothing factors by its weight's name (step 2)."""
+def _exposing_session(graph: Path) -> tuple[ort.InferenceSession, list, dict[str, np.ndarray]]:
+    """`graph` on ORT with every weight product's input exposed as an output, its products, and each product's
+    weight (in, out) in float64 by node name."""
     model = onnx.load(str(graph))  # with its weights
     products = weight_products(model)
-    where = describe_products(model)
     weights = {init.name: init for init in model.graph.initializer}
-    exposed = [n.input[0] for n in products]
-    for name in dict.fromkeys(exposed):
+    for name in dict.fromkeys(n.input[0] for n in products):
         model.graph.output.append(onnx.helper.make_empty_tensor_value_info(name))
     options = ort.SessionOptions()
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL  # keep every exposed tensor
     session = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    matrices = {n.name: numpy_helper.to_array(weights[n.input[1]]).astype(np.float64) for n in products}
+    return session, products, matrices
+
+
+def _product_inputs(session: ort.InferenceSession, products: list, batches: list[dict[str, np.ndarray]]):
+    """Per batch: {node name: its product's input activation}, from one fp32 run of the exposing session."""
     names = [o.name for o in session.get_outputs()]
     wanted = {i.name for i in session.get_inputs()}
-    matrices = {n.name: numpy_helper.to_array(weights[n.input[1]]).astype(np.float64) for n in products}
-    activations: dict[str, list[np.ndarray]] = {n.name: [] for n in products}
     for feeds in batches:
         outputs = dict(zip(names, session.run(None, {k: v for k, v in feeds.items() if k in wanted}), strict=True))
-        for node in products:
-            activations[node.name].append(outputs[node.input[0]].astype(np.float64))
+        yield {n.name: outputs[n.input[0]] for n in products}
+
+
+def _channel_maxima(x: np.ndarray) -> np.ndarray:
+    return np.abs(x).reshape(-1, x.shape[-1]).max(axis=0).astype(np.float64)
+
+
+def activation_maxima(graph: Path, batches: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
+    """Each weight product's largest |activation| per input channel over `batches`, by its weight's name
+    (the same name in every bucket's graph): what smoothing is calibrated on (module docstring, step 2)."""
+    session, products, _ = _exposing_session(graph)
+    maxima: dict[str, np.ndarray] = {}
+    for inputs in _product_inputs(session, products, batches):
+        for n in products:
+            maxima[n.input[1]] = np.maximum(maxima.get(n.input[1], 0.0), _channel_maxima(inputs[n.name]))
+    return maxima
+
+
+def rank_products(
+    graph: Path,
+    batches: list[dict[str, np.ndarray]],
+    weight_bits: int,
+    maxima_elsewhere: list[dict[str, np.ndarray]] | tuple = (),
+) -> Ranking:
+    """The weight products of `graph`, largest simulated int8 error first (module docstring, step 1), and
+    each one's smoothing factors by its weight's name (step 2): calibrated on the activations of `batches`
+    and on `maxima_elsewhere` (`activation_maxima` of the other buckets searched), and on `batches` alone."""
+    session, products, matrices = _exposing_session(graph)
+    where = describe_products(onnx.load(str(graph), load_external_data=False))
+    activations: dict[str, list[np.ndarray]] = {n.name: [] for n in products}
+    for inputs in _product_inputs(session, products, batches):
+        for n in products:
+            activations[n.name].append(inputs[n.name].astype(np.float64))
 
     def error(node, factors: np.ndarray) -> float:  # mean over the batches of ||x̂ŵ − xw|| / ||xw||, x / s and s W
         w = matrices[node.name]
@@ -174,14 +220,18 @@ def rank_products(
             )
         return float(np.mean(relative))
 
-    ranked, smoothing = [], {}
+    ranked, smoothing, smoothing_here = [], {}, {}
     for n in products:
         w = matrices[n.name]
-        largest = np.max([np.abs(x).reshape(-1, x.shape[-1]).max(axis=0) for x in activations[n.name]], axis=0)
-        smoothing[n.input[1]] = smoothing_factors(largest, w)
+        here = np.max([_channel_maxima(x) for x in activations[n.name]], axis=0)
+        everywhere = here
+        for elsewhere in maxima_elsewhere:
+            everywhere = np.maximum(everywhere, elsewhere[n.input[1]])
+        smoothing_here[n.input[1]] = smoothing_factors(here, w)
+        smoothing[n.input[1]] = smoothing_factors(everywhere, w)
         ranked.append(RankedProduct(n.name, n.input[1], where[n.name], error(n, np.ones(w.shape[0])),
                                     int(np.prod(w.shape)), error(n, smoothing[n.input[1]])))  # fmt: skip
-    return sorted(ranked, key=lambda r: -r.error), smoothing
+    return Ranking(sorted(ranked, key=lambda r: -r.error), smoothing, smoothing_here)
 
 
 def exclusion_counts(ranked: list[RankedProduct]) -> list[int]:
@@ -214,64 +264,83 @@ def search_int8(
     thresholds = thresholds or GateThresholds()
     recipe = recipe or Int8Recipe()
     bucket = min(graphs)
-    batches = gate_batches(tokenizer, bucket, head == "fill-mask")
-    plain, factors = rank_products(graphs[bucket], [_feeds(b) for b in batches[:RANKING_BATCHES]], recipe.weight_bits)
-    by_smoothed = sorted(plain, key=lambda r: -r.error_smoothed)
+    fill_mask = head == "fill-mask"
+    calibration = {b: [_feeds(x) for x in gate_batches(tokenizer, b, fill_mask)[:RANKING_BATCHES]] for b in graphs}
+    elsewhere = [activation_maxima(graph, calibration[b]) for b, graph in graphs.items() if b != bucket]
+    ranking = rank_products(graphs[bucket], calibration[bucket], recipe.weight_bits, elsewhere)
+    plain = ranking.products
+    by_smoothed = sorted(plain, key=lambda r: -r.error_smoothed)  # with the factors of every bucket searched
+    # The smoothing calibrations tried with every product int8 (module docstring, step 2): the first bucket's
+    # alone, then every bucket's; the steps that leave products in fp32 use the last.
+    every = tuple(sorted(graphs))
+    factors = {(bucket,): ranking.smoothing_here, every: ranking.smoothing}
     references = {b: ort_runner({b: _session(graph)}) for b, graph in graphs.items()}
     total_macs = sum(r.macs for r in plain) or 1
-    tries: dict[tuple[bool, int], Int8Try] = {}  # by (smoothed, the count left in fp32)
+    tries: dict[tuple[tuple[int, ...], int], Int8Try] = {}  # by (calibrated at, () unsmoothed; count left fp32)
 
-    def recipe_of(smoothed: bool, count: int) -> Int8Recipe:
-        left = frozenset(r.weight for r in (by_smoothed if smoothed else plain)[:count])
-        return Int8Recipe(recipe.per_channel, recipe.reduce_range, left, factors if smoothed else {})
+    def ranked_for(calibrated_at: tuple[int, ...]) -> list[RankedProduct]:
+        return by_smoothed if calibrated_at else plain
+
+    def recipe_of(calibrated_at: tuple[int, ...], count: int) -> Int8Recipe:
+        left = frozenset(r.weight for r in ranked_for(calibrated_at)[:count])
+        smoothing = factors[calibrated_at] if calibrated_at else {}
+        return Int8Recipe(recipe.per_channel, recipe.reduce_range, left, smoothing)
 
     with tempfile.TemporaryDirectory(prefix="bigs-int8-search-") as tmp:
 
-        def attempt(smoothed: bool, count: int) -> bool:
+        def attempt(calibrated_at: tuple[int, ...], count: int) -> bool:
             gates = {}
             for b, graph in graphs.items():  # the shortest first: a try that fails there is not gated further
-                run = _int8_runner(graph, b, recipe_of(smoothed, count), Path(tmp))
+                run = _int8_runner(graph, b, recipe_of(calibrated_at, count), Path(tmp))
                 gates[b] = measure_gate(tokenizer, b, head, references[b], run, thresholds)
                 if not gates[b].passed:
                     break
-            share = sum(r.macs for r in (by_smoothed if smoothed else plain)[:count]) / total_macs
-            tries[smoothed, count] = Int8Try(
+            share = sum(r.macs for r in ranked_for(calibrated_at)[:count]) / total_macs
+            tries[calibrated_at, count] = Int8Try(
                 fp32_products=count,
                 fp32_macs_share=round(share, 5),
                 gate=gates.pop(bucket),
-                smoothed=smoothed,
+                smoothed=bool(calibrated_at),
+                calibrated_at=list(calibrated_at),
                 gates_elsewhere=gates,
             )
             if done is not None:
-                done(tries[smoothed, count])
-            return tries[smoothed, count].passed
+                done(tries[calibrated_at, count])
+            return tries[calibrated_at, count].passed
 
-        smoothed, failed, passing = False, -1, None
-        if attempt(False, 0):  # every product int8, no smoothing: nothing to pay for
+        calibrated_at, failed, passing = (), -1, None
+        if attempt((), 0):  # every product int8, no smoothing: nothing to pay for
             passing = 0
         else:
-            smoothed = True
-            for count in exclusion_counts(by_smoothed):
-                if attempt(True, count):
-                    passing = count
+            for calibrated_at in dict.fromkeys([(bucket,), every]):  # one calibration where one bucket is searched
+                if attempt(calibrated_at, 0):
+                    passing = 0
                     break
-                failed = count
-        for _ in range(REFINE_TRIES if smoothed and passing is not None else 0):
+            else:
+                failed = 0
+                for count in exclusion_counts(by_smoothed)[1:]:
+                    if attempt(calibrated_at, count):
+                        passing = count
+                        break
+                    failed = count
+        for _ in range(REFINE_TRIES if calibrated_at and passing is not None else 0):
             middle = (failed + passing) // 2
             if middle <= failed:
                 break
-            if attempt(True, middle):
+            if attempt(calibrated_at, middle):
                 passing = middle
             else:
                 failed = middle
-    count = passing if passing is not None else max(c for s, c in tries if s == smoothed)  # none passed: the most
-    chosen = recipe_of(smoothed, count)
-    ranked = by_smoothed if smoothed else plain
+    # none passed: the last calibration's try with the most left in fp32
+    count = passing if passing is not None else max(c for at, c in tries if at == calibrated_at)
+    chosen = recipe_of(calibrated_at, count)
+    ranked = ranked_for(calibrated_at)
     why = (
         f"left fp32 for the gate at buckets {', '.join(map(str, sorted(graphs)))} to pass"
         if passing is not None
         else "left fp32; the gate still failed"
     )
+    smoothed = bool(calibrated_at)
     record = Int8Search(
         bucket=bucket,
         gated_at=sorted(graphs),
@@ -280,6 +349,7 @@ def search_int8(
         ranked_by="the simulated int8 error of each weight product on the gate's text, ||x̂ŵ − xw|| / ||xw||"
         + (" (smoothed: x / s, s W)" if smoothed else ""),
         smoothing=SMOOTHING if smoothed else None,
+        calibrated_at=list(calibrated_at),
         products=len(ranked),
         tries=list(tries.values()),
         fp32=[

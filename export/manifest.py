@@ -180,6 +180,9 @@ class Int8Try(_Section):
     fp32_macs_share: float  # of the weight products' multiply-adds, the share those products hold
     gate: GateMeasured  # at the search's first bucket (`Int8Search.bucket`)
     smoothed: bool = False  # the int8 products smoothed first (SmoothQuant-style; `Int8Search.smoothing`)
+    # where smoothed: the buckets whose activations its factors were taken from ([] in a dir written before:
+    # the search's first bucket)
+    calibrated_at: list[int] = Field(default_factory=list)
     # the gate at the search's other buckets (`Int8Search.gated_at`); a try passes where every one passed
     gates_elsewhere: dict[int, GateMeasured] = Field(default_factory=dict)
 
@@ -209,6 +212,7 @@ class Int8Search(_Section):
     ranked_by: str
     # how the int8 products were smoothed before quantizing (export/int8_search.py), None: not smoothed
     smoothing: str | None = None
+    calibrated_at: list[int] = Field(default_factory=list)  # the chosen try's (`Int8Try.calibrated_at`)
     products: int  # the weight products int8 may quantize (the SSM convolutions and the Gemms are not among them)
     tries: list[Int8Try]
     fp32: list[Fp32Product] = Field(default_factory=list)
@@ -218,7 +222,11 @@ class Int8Search(_Section):
     def chosen(self) -> Int8Try:
         """The try whose recipe the graphs were quantized with: `fp32` left in fp32, smoothed or not."""
         smoothed = self.smoothing is not None
-        return next(t for t in self.tries if t.fp32_products == len(self.fp32) and t.smoothed == smoothed)
+        return next(
+            t
+            for t in self.tries
+            if t.fp32_products == len(self.fp32) and t.smoothed == smoothed and t.calibrated_at == self.calibrated_at
+        )
 
 
 class PrecisionVariant(_Section):

@@ -1085,22 +1085,29 @@ def test_the_search_leaves_the_products_of_largest_int8_error_in_fp32_until_the_
     graphs = {b: export_dir / manifest.onnx.graph(b).file for b in VARIANT_BUCKETS}
     graph, head = graphs[128], primary_head(manifest.model.architecture)
 
-    def halfway_to_1(measured, at_least: float = 0.0) -> GateThresholds:
-        cosine = measured.embedding_cosine_min
+    def halfway_to_1(cosine: float, at_least: float = 0.0) -> GateThresholds:
         return GateThresholds(embedding_cosine_min=max(at_least, cosine + (1 - cosine) / 2))
 
     recorded = manifest.precisions["int8"].search.tries[0].gate  # everything int8, default thresholds
-    strict = halfway_to_1(recorded)
-    _, first = search_int8(graphs, tokenizer, head, strict)
-    # everything int8 unsmoothed first, then everything int8 smoothed
-    assert [(t.smoothed, t.fp32_products) for t in first.tries[:2]] == [(False, 0), (True, 0)]
-    assert not first.tries[0].passed
-    # a bar the smoothed all-int8 graph misses too: products must be left in fp32, by the smoothed ranking
-    stricter = halfway_to_1(first.tries[1].gate, at_least=strict.embedding_cosine_min)
-    recipe, search = search_int8(graphs, tokenizer, head, stricter)
+    strict = halfway_to_1(recorded.embedding_cosine_min)
+    _, search = search_int8(graphs, tokenizer, head, strict)
+    # everything int8 unsmoothed first, then everything int8 smoothed with the first bucket's factors
+    assert [(t.calibrated_at, t.fp32_products) for t in search.tries[:2]] == [([], 0), ([128], 0)]
+    assert not search.tries[0].passed and not search.tries[0].smoothed and search.tries[1].smoothed
+    # bars no all-int8 graph meets, either calibration: products must be left in fp32, by the smoothed ranking
+    bar = strict
+    for _ in range(3):
+        all_int8 = [t.gate.embedding_cosine_min for t in search.tries if t.smoothed and t.fp32_products == 0]
+        bar = halfway_to_1(max(all_int8), at_least=bar.embedding_cosine_min)
+        recipe, search = search_int8(graphs, tokenizer, head, bar)
+        if search.fp32:
+            break
 
     assert not search.tries[0].passed and search.tries[0].fp32_products == 0
-    assert all(t.smoothed for t in search.tries[1:]) and search.smoothing and recipe.smoothing
+    # both calibrations tried with every product int8, then the products left fp32 with every bucket's
+    assert [(t.calibrated_at, t.fp32_products) for t in search.tries[1:3]] == [([128], 0), ([128, 512], 0)]
+    assert all(t.smoothed and t.calibrated_at == [128, 512] for t in search.tries[3:])
+    assert search.calibrated_at == [128, 512] and search.smoothing and recipe.smoothing
     assert search.passed and search.chosen.passed and search.chosen.smoothed
     assert sorted(search.chosen.gates_elsewhere) == [512]  # gated at 512 too, where it passed at 128
     chosen = len(search.fp32)
@@ -1114,6 +1121,15 @@ def test_the_search_leaves_the_products_of_largest_int8_error_in_fp32_until_the_
     )
     quantize_int8(graph, tmp_path / "searched.onnx", recipe)
     assert fp32_weight_products(tmp_path / "searched.onnx") == recipe.fp32_weights
+    # its smoothing is calibrated at both buckets searched, not at the ranking's alone
+    from export.gate import gate_batches
+    from export.int8_search import RANKING_BATCHES, _feeds, activation_maxima, rank_products
+
+    calibration = {b: [_feeds(x) for x in gate_batches(tokenizer, b, False)[:RANKING_BATCHES]] for b in graphs}
+    both = rank_products(graph, calibration[128], 7, [activation_maxima(graphs[512], calibration[512])]).smoothing
+    assert recipe.smoothing.keys() == both.keys()
+    for weight, factors in both.items():
+        np.testing.assert_array_equal(recipe.smoothing[weight], factors)
 
 
 def test_smoothing_factors_are_smoothquants_and_shrink_the_int8_error_of_an_outlier_channel():
@@ -1140,6 +1156,35 @@ def test_smoothing_factors_are_smoothquants_and_shrink_the_int8_error_of_an_outl
 
 
 @pytest.mark.slow
+def test_smoothing_factors_take_each_channels_largest_activation_over_every_bucket_given(variant_exports, tokenizer):
+    import onnx
+    from onnx import numpy_helper
+
+    from export.gate import gate_batches
+    from export.int8_search import _feeds, activation_maxima, rank_products, smoothing_factors
+    from export.manifest import read_manifest
+    from export.onnx import weight_products
+
+    export_dir = variant_exports["cls"]
+    manifest = read_manifest(export_dir)
+    graphs = {b: export_dir / manifest.onnx.graph(b).file for b in (128, 512)}
+    batches = {b: [_feeds(x) for x in gate_batches(tokenizer, b, False)[:2]] for b in graphs}
+    short, long = (activation_maxima(graphs[b], batches[b]) for b in graphs)
+    assert any((long[w] > short[w]).any() for w in short)  # some channel's outliers grow with length
+    alone = rank_products(graphs[128], batches[128], 7)
+    both = rank_products(graphs[128], batches[128], 7, [long])
+    assert alone.smoothing.keys() == alone.smoothing_here.keys() == both.smoothing_here.keys()
+    model = onnx.load(str(graphs[128]))
+    weights = {i.name: numpy_helper.to_array(i).astype(np.float64) for i in model.graph.initializer}
+    for weight in {n.input[1] for n in weight_products(model)}:
+        here = smoothing_factors(short[weight], weights[weight])
+        for factors in (alone.smoothing[weight], alone.smoothing_here[weight], both.smoothing_here[weight]):
+            np.testing.assert_allclose(factors, here, rtol=1e-12)
+        everywhere = smoothing_factors(np.maximum(short[weight], long[weight]), weights[weight])
+        np.testing.assert_allclose(both.smoothing[weight], everywhere, rtol=1e-12)
+
+
+@pytest.mark.slow
 def test_a_smoothed_graph_computes_in_fp32_what_the_graph_computes(variant_exports, tmp_path, tokenizer):
     import onnx
     import onnxruntime as ort
@@ -1152,7 +1197,7 @@ def test_a_smoothed_graph_computes_in_fp32_what_the_graph_computes(variant_expor
     export_dir = variant_exports["cls"]
     graph = export_dir / read_manifest(export_dir).onnx.graph(128).file
     batches = [_feeds(b) for b in gate_batches(tokenizer, 128, False)[:2]]
-    _, factors = rank_products(graph, batches, 7)
+    factors = rank_products(graph, batches, 7).smoothing
     products = weight_products(onnx.load(str(graph), load_external_data=False))
     assert smooth_products(graph, tmp_path / "smoothed.onnx", factors, frozenset()) == len(products) > 0
     kept = products[0].input[1]
