@@ -24,7 +24,9 @@ Candidates (those the dir and this install have):
     ort-int8-blockwise       MatMulNBits 8-bit, weights in blocks of 32, activations quantized per row and
                              block (accuracy_level 4)
     ov-fp32           OpenVINO, the fp32 graphs at INFERENCE_PRECISION_HINT=f32
-    ov-bf16           OpenVINO, the same graphs at bf16 (AMX, or AVX512_BF16; what `precision=bf16` serves)
+    ov-bf16           OpenVINO, the same graphs at bf16 (AMX, or AVX512_BF16; what `precision=bf16` serves);
+                      left out, and said so under the table, where the CPU has no bf16 units: OpenVINO then
+                      runs the bf16 hint at fp32, and the column would time ov-fp32 again under bf16's name
     with --quantize, two of the int8 graphs above run by OpenVINO instead (`OPENVINO_METHODS`), whose CPU
     plugin has int8 kernels of its own:
     ov-int8-static     the ort-int8-static graph: OpenVINO runs its QDQ products as int8 products
@@ -97,6 +99,7 @@ class PrecisionTable:
     repeats: int
     median_ms: dict[str, dict[int, float]]  # candidate → bucket → ms
     gate: dict[str, dict[int, object]] = field(default_factory=dict)  # candidate → bucket → GateMeasured
+    left_out: dict[str, str] = field(default_factory=dict)  # candidate → why it has no column
 
     def markdown(self) -> str:
         names = list(self.median_ms)
@@ -113,6 +116,7 @@ class PrecisionTable:
                 else:
                     cells.append(f"{ms:,.1f}" + (f" ({base / ms:.2f}x)" if base else ""))
             lines.append(f"| {bucket:,} | " + " | ".join(cells) + " |")
+        lines += [f"{name}: not run, {why}" for name, why in self.left_out.items()]
         if self.gate:
             gated = [n for n in names if n in self.gate]
             lines += ["", "Accuracy gate against ort-fp32 (the head's agreement / smallest embedding cosine; "
@@ -151,6 +155,7 @@ class Candidates:
 
     timed: dict[str, dict[int, Runner]] = field(default_factory=dict)
     run: dict[str, Callable] = field(default_factory=dict)  # candidate → RunBatch over its buckets
+    left_out: dict[str, str] = field(default_factory=dict)  # candidate → why this CPU or install has it not
 
 
 def candidates(export_dir: Path, buckets: list[int], batch: int, work: Path, quantize: bool) -> Candidates:
@@ -159,7 +164,7 @@ def candidates(export_dir: Path, buckets: list[int], batch: int, work: Path, qua
 
     from export.gate import ORT_SPIN_WAIT, gate_batches, gate_inputs, ort_runner, ort_sessions
     from export.manifest import read_manifest
-    from export.openvino_runtime import compile_graph, load_compiled, openvino_available
+    from export.openvino_runtime import compile_graph, effective_precision, load_compiled, openvino_available
 
     manifest = read_manifest(export_dir)
     vocab = manifest.model.vocab_size
@@ -196,6 +201,9 @@ def candidates(export_dir: Path, buckets: list[int], batch: int, work: Path, qua
             add_ort(name, sessions)
     if openvino_available():
         loaded = {f"ov-{p}": load_compiled(export_dir, p, buckets=buckets, manifest=manifest) for p in ("fp32", "bf16")}
+        if all(effective_precision(compiled) == "fp32" for compiled in loaded["ov-bf16"].values()):
+            del loaded["ov-bf16"]
+            found.left_out["ov-bf16"] = "OpenVINO runs the bf16 hint at fp32 on this CPU (no bf16 units): ov-fp32"
         for name, method in OPENVINO_METHODS.items():
             if method in made:  # at f32: the graph's own int8 products are what OpenVINO runs in int8
                 loaded[name] = {b: compile_graph(path, "fp32") for b, path in made[method].items()}
@@ -243,7 +251,9 @@ def measure(
                 print(f"  gate {name}: " + ", ".join(f"{b} {gate_cell(m)}" for b, m in gates[name].items()),
                       file=sys.stderr, flush=True)  # fmt: skip
     flags = sorted(cpu_flags() & set(PRECISION_FLAGS))
-    return PrecisionTable(cpu_model_name() or platform.processor(), flags, buckets, batch, repeats, medians, gates)
+    return PrecisionTable(
+        cpu_model_name() or platform.processor(), flags, buckets, batch, repeats, medians, gates, found.left_out
+    )
 
 
 def main(argv: list[str] | None = None) -> None:
