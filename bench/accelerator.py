@@ -723,9 +723,12 @@ def measure_resume(size: Size, work: Path, task: MaskedLMTask) -> Resume:
     )
 
 
-def measure_resume_deterministic(size: Size, work: Path, budget: Budget) -> Resume:
+def measure_resume_deterministic(size: Size, work: Path, budget: Budget) -> Resume | Skipped:
     """`measure_resume` in a child process whose XLA runs deterministic ops (the module docstring, resume).
-    It reads the same recipe, seed and compilation cache; what it prints is the command's log."""
+    It reads the same recipe, seed and compilation cache; what it prints is the command's log. A child still
+    running when what is left of the budget (and half the grace) has passed is stopped and the part reported
+    as cut off by the budget, as the watchdog reports one: on a slow CPU its start-up alone (JAX, the recipe,
+    compiling) can take longer than the least cost the part was let in with."""
     import subprocess
 
     env = dict(os.environ)
@@ -734,7 +737,13 @@ def measure_resume_deterministic(size: Size, work: Path, budget: Budget) -> Resu
     result.unlink(missing_ok=True)
     command = [sys.executable, "-m", "bench.accelerator", "--resume-part", str(result), "--size", size.name,
                "--work-dir", str(work)]  # fmt: skip
-    done = subprocess.run(command, cwd=REPO, env=env, timeout=max(budget.left(), 1.0) + GRACE_S / 2)
+    limit = max(budget.left(), 1.0) + GRACE_S / 2
+    try:
+        done = subprocess.run(command, cwd=REPO, env=env, timeout=limit)
+    except subprocess.TimeoutExpired:
+        return Skipped(
+            skipped=f"budget: resume: its process stopped after {limit:.0f} s, past --budget-s {budget.seconds:g}"
+        )
     if done.returncode != 0 or not result.is_file():
         raise RuntimeError(f"the resume part's process ended with status {done.returncode} (its log is above)")
     return Resume.model_validate_json(result.read_text())

@@ -17,13 +17,16 @@ from pathlib import Path
 
 import pytest
 
+from bench import accelerator
 from bench.accelerator import (
     DETERMINISTIC_XLA_FLAGS,
     GPU_IMAGE_HAS,
     REPORT_JSON,
     REPORT_MD,
+    SIZES,
     WHEELS_TO_CARRY,
     AcceleratorReport,
+    Budget,
     Failed,
     LossesBeside,
     Resume,
@@ -146,6 +149,14 @@ def test_a_budget_too_small_for_every_part_skips_each_with_its_reason(tmp_path):
         value = getattr(report, part)
         assert isinstance(value, Skipped) and value.skipped.startswith(f"budget: {part}: at least"), value
     assert (tmp_path / REPORT_MD).read_text().count("| skipped | budget: ") == 3
+
+
+def test_a_resume_process_past_the_budget_is_stopped_and_reported_as_cut_off_not_failed(tmp_path, monkeypatch):
+    # no grace and nothing left: the real child process (it imports JAX) gets one second, and is stopped
+    monkeypatch.setattr(accelerator, "GRACE_S", 0.0)
+    budget = Budget(0.001)
+    value = accelerator.measure_resume_deterministic(SIZES["tiny"], tmp_path, budget)
+    assert isinstance(value, Skipped) and value.skipped.startswith("budget: resume: its process stopped after 1 s")
 
 
 @pytest.mark.slow
