@@ -32,6 +32,16 @@ TINY = dict(
 BERT_VOCAB_SIZE = 30522
 
 
+def pytest_xdist_auto_num_workers(config):
+    """`-n auto` (pyproject's addopts): one worker per CPU this process may use, at most 4.
+
+    Most of the suite runs one torch thread or waits on a server it started, so one process left a
+    2-core machine a third idle (vmstat over a whole run); two workers fill it. More than 4 would each
+    hold torch, jax and ONNX Runtime (1-3 GB) for little gain: the longest files set the pace.
+    """
+    return max(1, min(len(os.sched_getaffinity(0)), 4))
+
+
 @pytest.fixture(scope="session", autouse=True)
 def _torch_threads():
     """One torch thread by default (BIGS_TEST_THREADS overrides).
@@ -172,17 +182,25 @@ def other_vocab_teacher(tmp_path):
 
 @pytest.fixture(scope="session")
 def exports(tmp_path_factory):
-    """{"mlm", "cls": export dirs, "art-mlm", "art-cls": their artifacts}; built once per session, or kept
-    between runs in SERVICE_TEST_EXPORTS."""
+    """{"mlm", "cls": export dirs, "art-mlm", "art-cls": their artifacts}; built once per run (shared by the
+    run's pytest-xdist workers), or kept between runs in SERVICE_TEST_EXPORTS."""
     from pathlib import Path
 
+    from filelock import FileLock
     from service_fixtures import build_exports
 
     keep = os.environ.get("SERVICE_TEST_EXPORTS")
-    root = Path(keep) if keep else tmp_path_factory.mktemp("service-models")
+    if keep:
+        root = Path(keep)
+    elif "PYTEST_XDIST_WORKER" not in os.environ:  # one process: its own tmp dir
+        root = tmp_path_factory.mktemp("service-models")
+    else:  # xdist workers: the run's tmp dir, above each worker's own, and the first to get there builds
+        root = tmp_path_factory.getbasetemp().parent / "service-models"
     outs = {name: root / f"export-{name}" for name in ("mlm", "cls")}
-    if not all((out / "manifest.json").is_file() for out in outs.values()):
-        outs = build_exports(root)
+    root.parent.mkdir(parents=True, exist_ok=True)
+    with FileLock(str(root) + ".lock"):
+        if not all((out / "manifest.json").is_file() for out in outs.values()):
+            outs = build_exports(root)
     return {**outs, "art-mlm": root / "art-mlm", "art-cls": root / "art-cls"}
 
 
