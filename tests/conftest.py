@@ -33,13 +33,17 @@ BERT_VOCAB_SIZE = 30522
 
 
 def pytest_xdist_auto_num_workers(config):
-    """`-n auto` (pyproject's addopts): one worker per CPU this process may use, at most 4.
+    """`-n auto` (pyproject's addopts): one worker per CPU this process may use, at most 4 and at most
+    one per 8 GiB of memory.
 
     Most of the suite runs one torch thread or waits on a server it started, so one process left a
-    2-core machine a third idle (vmstat over a whole run); two workers fill it. More than 4 would each
-    hold torch, jax and ONNX Runtime (1-3 GB) for little gain: the longest files set the pace.
+    2-core machine a third idle (vmstat over a whole run); two workers keep it busy. A worker holds
+    torch, jax and ONNX Runtime and peaked at 6.2 GB (2-core run, 24 GiB machine), hence the memory
+    bound; past 4 the longest files set the pace.
     """
-    return max(1, min(len(os.sched_getaffinity(0)), 4))
+    cpus = len(os.sched_getaffinity(0))
+    memory_gib = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
+    return max(1, min(cpus, 4, int(memory_gib // 8)))
 
 
 @pytest.fixture(scope="session", autouse=True)
