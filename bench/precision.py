@@ -19,6 +19,11 @@ Candidates (those the dir and this install have):
     ort-int8-smoothed        dynamic, every weight product, 7-bit weights per channel, each product smoothed
                              first (SmoothQuant-style, factors from the gate's text at the bucket:
                              export/int8_search.py `rank_products`): the search's second try
+    ort-int8-ssm             ort-int8's own recipe (`export_recipe`: its smoothing, the products it left fp32)
+                             with the Toeplitz SSM convolutions (buckets up to 512) in int8 too: the constant
+                             kernel uint8, the input quantized per call; written as export writes ort-int8
+    ort-int8-tanh-gelu       ort-int8's recipe with GELU in its tanh form (ORT's GeluApproximation)
+    ort-int8-ssm-tanh-gelu   both
     ort-int8-static          static QDQ, weights per channel, activation ranges calibrated (MinMax) on the
                              gate's real text at the bucket (`gate_batches`): the most favourable calibration
     ort-int8-blockwise       MatMulNBits 8-bit, weights in blocks of 32, activations quantized per row and
@@ -85,6 +90,15 @@ def _methods() -> dict[str, Make]:
         "ort-int8-blockwise": lambda src, dst, _: quantize_int8_blockwise(src, dst),
     }
 
+
+# Levers beyond the weight products (export/onnx.py `Int8Recipe`), each applied to the recipe the dir's own
+# int8 graphs were made with (export/int8_search.py `export_recipe`) and written as export writes a graph, so
+# that its column differs from ort-int8 by the lever alone: its column → the recipe's fields it sets
+LEVERS = {
+    "ort-int8-ssm": {"ssm_convolutions": True},
+    "ort-int8-tanh-gelu": {"gelu_approximation": True},
+    "ort-int8-ssm-tanh-gelu": {"ssm_convolutions": True, "gelu_approximation": True},
+}
 
 # The int8 graphs of `_methods` that OpenVINO also runs (with --quantize): its column → the method whose graphs
 OPENVINO_METHODS = {"ov-int8-static": "ort-int8-static", "ov-int8-blockwise": "ort-int8-blockwise"}
@@ -199,6 +213,8 @@ def candidates(export_dir: Path, buckets: list[int], batch: int, work: Path, qua
                 options.add_session_config_entry("session.intra_op.allow_spinning", "1" if ORT_SPIN_WAIT else "0")
                 sessions[b] = ort.InferenceSession(str(dst), options, providers=["CPUExecutionProvider"])
             add_ort(name, sessions)
+        if "ort-int8" in found.timed:
+            add_levers(export_dir, manifest, tokenizer, buckets, work, add_ort)
     if openvino_available():
         loaded = {f"ov-{p}": load_compiled(export_dir, p, buckets=buckets, manifest=manifest) for p in ("fp32", "bf16")}
         if all(effective_precision(compiled) == "fp32" for compiled in loaded["ov-bf16"].values()):
@@ -211,6 +227,30 @@ def candidates(export_dir: Path, buckets: list[int], batch: int, work: Path, qua
             found.timed[name] = {b: (lambda c=c, f=feeds[b]: c.run(f)) for b, c in compiled.items()}
             found.run[name] = lambda bucket, f, compiled=compiled: compiled[bucket].run(f)
     return found
+
+
+def add_levers(export_dir: Path, manifest, tokenizer, buckets: list[int], work: Path, add_ort) -> None:
+    """A column per `LEVERS` entry: the dir's int8 recipe with the lever, quantized and optimised as export
+    writes its int8 graphs, loaded with the manifest's session options as ort-int8 is."""
+    from dataclasses import replace
+
+    import onnxruntime as ort
+
+    from export.gate import ORT_SPIN_WAIT
+    from export.int8_search import export_recipe
+    from export.onnx import ort_optimize, quantize_int8
+    from export.onnx_runtime import session_options
+
+    recipe = export_recipe(export_dir, manifest, tokenizer)
+    for name, fields in LEVERS.items():
+        lever, sessions = replace(recipe, **fields), {}
+        for b in buckets:
+            raw, dst = work / f"{b}.{name}.raw.onnx", work / f"{b}.{name}.onnx"
+            quantize_int8(export_dir / manifest.onnx.buckets[b].file, raw, lever)
+            ort_optimize(raw, dst, lever.gelu_approximation)
+            options = session_options(manifest, spin_wait=ORT_SPIN_WAIT)
+            sessions[b] = ort.InferenceSession(str(dst), options, providers=["CPUExecutionProvider"])
+        add_ort(name, sessions)
 
 
 def measure(

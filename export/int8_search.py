@@ -52,7 +52,7 @@ from __future__ import annotations
 
 import tempfile
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -61,6 +61,7 @@ import onnxruntime as ort
 from onnx import numpy_helper
 
 from .gate import RunBatch, gate_batches, measure_gate, ort_runner
+from .heads import primary_head
 from .manifest import Fp32Product, GateThresholds, Int8Search, Int8Try
 from .onnx import Int8Recipe, ort_optimize, quantize_int8, weight_products
 
@@ -284,7 +285,7 @@ def search_int8(
     def recipe_of(calibrated_at: tuple[int, ...], count: int) -> Int8Recipe:
         left = frozenset(r.weight for r in ranked_for(calibrated_at)[:count])
         smoothing = factors[calibrated_at] if calibrated_at else {}
-        return Int8Recipe(recipe.per_channel, recipe.reduce_range, left, smoothing)
+        return replace(recipe, fp32_weights=left, smoothing=smoothing)
 
     with tempfile.TemporaryDirectory(prefix="bigs-int8-search-") as tmp:
 
@@ -382,5 +383,25 @@ def _int8_runner(graph: Path, bucket: int, recipe: Int8Recipe, work: Path) -> Ru
     """`graph` quantized by `recipe` and optimised as export writes it (export/onnx.py), on ORT."""
     raw, optimized = work / f"{bucket}.int8.raw.onnx", work / f"{bucket}.int8.opt.onnx"
     quantize_int8(graph, raw, recipe)
-    ort_optimize(raw, optimized)
+    ort_optimize(raw, optimized, recipe.gelu_approximation)
     return ort_runner({bucket: _session(optimized)})
+
+
+def export_recipe(export_dir: Path, manifest, tokenizer) -> Int8Recipe:
+    """The recipe a dir's int8 graphs were quantized with, rebuilt from its manifest's search record: the
+    weight products it left in fp32, and its smoothing factors computed again as `search_int8` computed
+    them (the same fp32 graphs, gate text and ranking batches: deterministic). What `bigs bench precision`
+    varies one lever at a time, so a column differs from the served graph by that lever alone."""
+    search = manifest.precisions["int8"].search if "int8" in manifest.precisions else None
+    if search is None:  # a dir written before the search, or without int8: the default recipe
+        return Int8Recipe()
+    recipe = Int8Recipe(search.per_channel, search.weight_bits == 7, frozenset(p.weight for p in search.fp32))
+    if search.smoothing is None:
+        return recipe
+    fill_mask = primary_head(manifest.model.architecture) == "fill-mask"
+    graphs = {b: export_dir / manifest.onnx.buckets[b].file for b in search.gated_at or [search.bucket]}
+    calibration = {b: [_feeds(x) for x in gate_batches(tokenizer, b, fill_mask)[:RANKING_BATCHES]] for b in graphs}
+    elsewhere = [activation_maxima(graph, calibration[b]) for b, graph in graphs.items() if b != search.bucket]
+    ranking = rank_products(graphs[search.bucket], calibration[search.bucket], recipe.weight_bits, elsewhere)
+    alone = list(search.calibrated_at or [search.bucket]) == [search.bucket]
+    return replace(recipe, smoothing=ranking.smoothing_here if alone else ranking.smoothing)

@@ -129,14 +129,23 @@ def dynamo_export(wrapper: torch.nn.Module, args: tuple, path: Path, opset: int 
 # --------------------------------------------------------------------------------------------
 
 
-def ort_optimize(src: Path, dst: Path) -> None:
-    """Write `src` optimised at `OFFLINE_OPTIMIZATION_LEVEL` to `dst` (weights in `dst`.data)."""
+# ORT's own GeluApproximation transformer (a session config entry): Gelu and BiasGelu become FastGelu,
+# GELU's tanh form, x·σ(1.5958·(x + 0.0447·x³)), which MLAS computes faster than erf. Within 1e-3 of the
+# erf form; never applied to an fp32 graph (fp32 is the exact model).
+GELU_APPROXIMATION_ENTRY = "optimization.enable_gelu_approximation"
+
+
+def ort_optimize(src: Path, dst: Path, gelu_approximation: bool = False) -> None:
+    """Write `src` optimised at `OFFLINE_OPTIMIZATION_LEVEL` to `dst` (weights in `dst`.data); with
+    `gelu_approximation`, GELU in its tanh form (`GELU_APPROXIMATION_ENTRY`)."""
     options = ort.SessionOptions()
     options.graph_optimization_level = getattr(ort.GraphOptimizationLevel, OFFLINE_OPTIMIZATION_LEVEL)
     options.optimized_model_filepath = str(dst)
     options.add_session_config_entry("session.optimized_model_external_initializers_file_name", dst.name + ".data")
     options.add_session_config_entry("session.optimized_model_external_initializers_min_size_in_bytes", "1024")
     options.add_session_config_entry("session.disable_prepacking", "1")
+    if gelu_approximation:
+        options.add_session_config_entry(GELU_APPROXIMATION_ENTRY, "1")
     ort.InferenceSession(str(src), options, providers=["CPUExecutionProvider"])
 
 
@@ -144,11 +153,25 @@ def constant_left_matmuls(path: Path) -> list[str]:
     """The MatMul nodes whose left operand is a constant: the frozen SSM convolutions (T·u, and the
     chunked form's intra/to_state/carry/read products, export/modules.py). They are not weights:
     their constants are the long-range kernel, whose small far-off entries int8 would round to zero,
-    so they are named explicitly to stay fp32 (besides `MatMulConstBOnly`, which skips them too)."""
+    so they are named explicitly to stay fp32 (besides `MatMulConstBOnly`, which skips them too). Measured
+    since (docs/BENCHMARKS.md, "Two levers"): the Toeplitz form in int8 kept bigs-mini-news's cosine and
+    cost one classification at 512; `Int8Recipe.ssm_convolutions` quantizes it where asked."""
     model = onnx.load(str(path), load_external_data=False)
     constants = {init.name for init in model.graph.initializer}
     constants |= {n.output[0] for n in model.graph.node if n.op_type == "Constant"}
     return [n.name for n in model.graph.node if n.op_type == "MatMul" and n.input[0] in constants]
+
+
+def toeplitz_convolutions(path: Path) -> list[str]:
+    """The SSM convolutions in the Toeplitz form (buckets up to 512, docs/DESIGN.md §3.1): MatMul(T, u)
+    with T a constant (L, L) over the whole sequence, u (B, L, d). Not the chunked form's products (their
+    constants are (c, c), (2N, c), (c, 2N) and the carries, applied to (B, L/c, c, d)): in int8 those
+    small products ran slower than in fp32 (bench/results/precision-news-ssm-avx2.md)."""
+    model = onnx.load(str(path), load_external_data=False)
+    shapes = {init.name: list(init.dims) for init in model.graph.initializer}
+    ids = next(i for i in model.graph.input if i.name == "input_ids")
+    length = ids.type.tensor_type.shape.dim[1].dim_value  # every bucket's graph has its length fixed
+    return [n.name for n in model.graph.node if n.op_type == "MatMul" and shapes.get(n.input[0]) == [length, length]]
 
 
 # Quantized: the weight products only. Embedding lookups (Gather), LayerNorm, softmax, the SSM
@@ -176,6 +199,12 @@ class Int8Recipe:
     # input channel; the product x·W becomes (x / s)·(s W), so that the activation's outlier channels,
     # which set its one per-tensor range, are shrunk before quantizing and the weights take the scale
     smoothing: dict[str, np.ndarray] = field(default_factory=dict, compare=False)
+    # Measured as methods of `bigs bench precision` (docs/BENCHMARKS.md), not yet what export writes:
+    # the Toeplitz SSM convolutions in int8 too (`toeplitz_convolutions`; ORT quantizes the constant T as
+    # uint8, one range, and u per call: MatMulIntegerToFloat), and GELU in its tanh form where the graph is
+    # optimised (`ort_optimize`'s `gelu_approximation`).
+    ssm_convolutions: bool = False
+    gelu_approximation: bool = False
 
     @property
     def weight_bits(self) -> int:
@@ -247,6 +276,11 @@ def _quantize_dynamic(src: Path, dst: Path, recipe: Int8Recipe, per_channel: boo
 
     model = onnx.load(str(src), load_external_data=False)
     kept = [n.name for n in weight_products(model) if n.input[1] in recipe.fp32_weights]
+    convolutions = constant_left_matmuls(src)
+    if recipe.ssm_convolutions:  # MatMulConstBOnly off below: only the products named here stay fp32
+        constants = {init.name for init in model.graph.initializer}
+        two_activations = [n.name for n in model.graph.node if n.op_type == "MatMul" and not constants & set(n.input)]
+        convolutions = sorted(set(convolutions) - set(toeplitz_convolutions(src))) + two_activations
     quantize_dynamic(
         str(src),
         str(dst),
@@ -254,9 +288,10 @@ def _quantize_dynamic(src: Path, dst: Path, recipe: Int8Recipe, per_channel: boo
         per_channel=recipe.per_channel if per_channel is None else per_channel,
         reduce_range=recipe.reduce_range,
         op_types_to_quantize=QUANTIZED_OP_TYPES,
-        nodes_to_exclude=constant_left_matmuls(src) + kept,
+        nodes_to_exclude=convolutions + kept,
         use_external_data_format=True,
-        extra_options={"MatMulConstBOnly": True},
+        # a constant LEFT operand is quantized only where the recipe takes the Toeplitz convolutions
+        extra_options={"MatMulConstBOnly": not recipe.ssm_convolutions},
     )
 
 
@@ -490,7 +525,7 @@ def export_onnx(
             q_raw, q_opt = tmp / f"{length}.int8.raw.onnx", tmp / f"{length}.int8.opt.onnx"
             # from the finished graph: its weights carry their names in weights.bin, which the recipe uses
             quantize_int8(onnx_dir / f"{length}.onnx", q_raw, recipe)
-            ort_optimize(q_raw, q_opt)
+            ort_optimize(q_raw, q_opt, recipe.gelu_approximation)
             q_entry = {"file": f"onnx/{length}.int8.onnx", **formulation_for(length, model.config.routing).as_dict()}
             q_entry.update(finish_graph(q_opt, onnx_dir / f"{length}.int8.onnx", weights))
             section["buckets"][str(length)]["int8"] = q_entry

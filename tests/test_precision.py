@@ -1277,3 +1277,90 @@ def test_the_search_gates_at_the_shortest_bucket_and_the_longest_other_up_to_512
     from export.int8_search import search_buckets
 
     assert search_buckets(buckets) == searched
+
+
+@pytest.mark.slow
+def test_int8_ssm_convolutions_take_the_toeplitz_form_only_and_the_tanh_gelu_is_orts_within_the_gate(
+    exports, tokenizer, tmp_path
+):
+    """Two int8 levers measured by `bigs bench precision` (export/onnx.py `Int8Recipe`): the Toeplitz SSM
+    convolutions (buckets up to 512: one constant (L, L) per SSM) quantized too, the chunked form's small
+    products left fp32; and GELU in ORT's tanh form. Each answers within the gate of the fp32 graph."""
+    import onnx
+    import onnxruntime as ort
+
+    from export.gate import GateThresholds, measure_gate, ort_runner
+    from export.manifest import read_manifest
+    from export.onnx import Int8Recipe, constant_left_matmuls, ort_optimize, quantize_int8, toeplitz_convolutions
+
+    export_dir = exports["mlm"]
+    manifest = read_manifest(export_dir)
+    layers = json.loads((export_dir / "config.json").read_text())["num_hidden_layers"]
+    recipe = Int8Recipe(ssm_convolutions=True, gelu_approximation=True)
+    for bucket in manifest.buckets:
+        src = export_dir / manifest.onnx.buckets[bucket].file
+        toeplitz, constant_left = toeplitz_convolutions(src), constant_left_matmuls(src)
+        if bucket <= 512:  # Toeplitz: every constant-left product is one, two SSMs a layer
+            assert len(toeplitz) == 2 * layers and sorted(toeplitz) == sorted(constant_left), bucket
+        else:  # chunked: none is
+            assert constant_left and not toeplitz, bucket
+        raw, optimized = tmp_path / f"{bucket}.raw.onnx", tmp_path / f"{bucket}.onnx"
+        quantize_int8(src, raw, recipe)
+        ort_optimize(raw, optimized, gelu_approximation=True)
+        ops = [n.op_type for n in onnx.load(str(optimized), load_external_data=False).graph.node]
+        # every block's fused BiasGelu; the MLM head's transform keeps ONNX's own Gelu, which ORT's pass skips
+        assert "FastGelu" in ops and "BiasGelu" not in ops, bucket
+        fp32_matmuls = ops.count("MatMul")
+        assert fp32_matmuls == (0 if bucket <= 512 else len(constant_left)), (bucket, fp32_matmuls)
+        if bucket == min(manifest.buckets):
+            options = ort.SessionOptions()
+            options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+            session = ort.InferenceSession(str(optimized), options, providers=["CPUExecutionProvider"])
+            reference = ort.InferenceSession(str(src), options, providers=["CPUExecutionProvider"])
+            measured = measure_gate(tokenizer, bucket, "fill-mask", ort_runner({bucket: reference}),
+                                    ort_runner({bucket: session}), GateThresholds())  # fmt: skip
+            assert measured.embedding_cosine_min > 0.99, measured
+
+
+@pytest.mark.slow
+def test_the_int8_recipe_rebuilt_from_the_manifest_makes_the_served_graph_again_and_each_lever_stays_near_it(
+    variant_exports, tokenizer, tmp_path
+):
+    """`bigs bench precision`'s lever columns start from the dir's own int8 recipe (export/int8_search.py
+    `export_recipe`: the products left fp32 and the smoothing factors, computed again from the manifest's
+    search record): quantized and optimised as export does, it answers exactly as the served int8 graph.
+    Each lever's graph then differs from it by that lever alone, within the gate's cosine."""
+    import onnxruntime as ort
+
+    from bench.precision import LEVERS, add_levers
+    from export.gate import gate_batches, ort_runner, ort_sessions
+    from export.int8_search import export_recipe
+    from export.manifest import read_manifest
+    from export.onnx import ort_optimize, quantize_int8
+    from export.onnx_runtime import session_options
+
+    export_dir = variant_exports["mlm"]
+    manifest = read_manifest(export_dir)
+    bucket = min(manifest.buckets)
+    recipe = export_recipe(export_dir, manifest, tokenizer)
+    assert recipe.fp32_weights == {p.weight for p in manifest.precisions["int8"].search.fp32}
+    raw, again = tmp_path / "raw.onnx", tmp_path / "again.onnx"
+    quantize_int8(export_dir / manifest.onnx.buckets[bucket].file, raw, recipe)
+    ort_optimize(raw, again)
+    rebuilt = ort.InferenceSession(str(again), session_options(manifest), providers=["CPUExecutionProvider"])
+    served = ort_runner(ort_sessions(export_dir, manifest, "int8", buckets=[bucket]))
+    columns = {}
+    add_levers(export_dir, manifest, tokenizer, [bucket], tmp_path, lambda name, s: columns.update({name: s}))
+    assert set(columns) == set(LEVERS)
+    for feeds in gate_batches(tokenizer, bucket, fill_mask=True)[:2]:
+        feeds.pop("_counts", None)
+        expected = served(bucket, feeds)
+        got = ort_runner({bucket: rebuilt})(bucket, feeds)
+        for name in expected:
+            np.testing.assert_array_equal(got[name], expected[name], err_msg=name)
+        for lever, sessions in columns.items():
+            embeddings = ort_runner(sessions)(bucket, feeds)["embeddings"]
+            cosine = np.sum(embeddings * expected["embeddings"], -1) / (
+                np.linalg.norm(embeddings, axis=-1) * np.linalg.norm(expected["embeddings"], axis=-1)
+            )
+            assert cosine.min() > 0.99, lever
