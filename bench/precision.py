@@ -19,11 +19,14 @@ Candidates (those the dir and this install have):
     ort-int8-smoothed        dynamic, every weight product, 7-bit weights per channel, each product smoothed
                              first (SmoothQuant-style, factors from the gate's text at the bucket:
                              export/int8_search.py `rank_products`): the search's second try
-    ort-int8-ssm             ort-int8's own recipe (`export_recipe`: its smoothing, the products it left fp32)
-                             with the Toeplitz SSM convolutions (buckets up to 512) in int8 too: the constant
-                             kernel uint8, the input quantized per call; written as export writes ort-int8
-    ort-int8-tanh-gelu       ort-int8's recipe with GELU in its tanh form (ORT's GeluApproximation)
-    ort-int8-ssm-tanh-gelu   both
+    ort-int8-no-levers       ort-int8's own recipe (`export_recipe`: its smoothing, the products it left fp32)
+                             with neither lever of the search's step 4; written as export writes ort-int8
+    ort-int8-ssm             the same with the Toeplitz SSM convolutions (buckets up to 512) in int8 too: the
+                             constant kernel uint8, the input quantized per call
+    ort-int8-tanh-gelu       the same with GELU in its tanh form (ORT's GeluApproximation)
+    ort-int8-ssm-tanh-gelu   both. The columns set their levers at every bucket asked; export keeps the search's
+                             up to the longest bucket it gated (`Int8Recipe.at_bucket`), so there one of the
+                             four is ort-int8 made again (the manifest's search says which)
     ort-int8-static          static QDQ, weights per channel, activation ranges calibrated (MinMax) on the
                              gate's real text at the bucket (`gate_batches`): the most favourable calibration
     ort-int8-blockwise       MatMulNBits 8-bit, weights in blocks of 32, activations quantized per row and
@@ -91,12 +94,14 @@ def _methods() -> dict[str, Make]:
     }
 
 
-# Levers beyond the weight products (export/onnx.py `Int8Recipe`), each applied to the recipe the dir's own
-# int8 graphs were made with (export/int8_search.py `export_recipe`) and written as export writes a graph, so
-# that its column differs from ort-int8 by the lever alone: its column → the recipe's fields it sets
+# The levers on the fp32 remainder (export/onnx.py `Int8Recipe`, the search's step 4), each combination set on
+# the recipe the dir's own int8 graphs were made with (export/int8_search.py `export_recipe`: the same weight
+# products and smoothing) and written as export writes a graph: one of these columns is ort-int8 made again,
+# the others differ from it by the levers alone. Its column → the recipe's fields it sets
 LEVERS = {
-    "ort-int8-ssm": {"ssm_convolutions": True},
-    "ort-int8-tanh-gelu": {"gelu_approximation": True},
+    "ort-int8-no-levers": {"ssm_convolutions": False, "gelu_approximation": False},
+    "ort-int8-ssm": {"ssm_convolutions": True, "gelu_approximation": False},
+    "ort-int8-tanh-gelu": {"ssm_convolutions": False, "gelu_approximation": True},
     "ort-int8-ssm-tanh-gelu": {"ssm_convolutions": True, "gelu_approximation": True},
 }
 

@@ -284,8 +284,13 @@ def plan_int8(out_dir: Path, manifest: Manifest, graphs: dict[int, Path], job: J
     job.emit(f"{job.name}: int8 search at buckets {at}: ranking the weight products by their int8 error")
     lines = job.stage(MAX_TRIES)  # at most: the search stops early where it can
     smoothed = lambda buckets: f", smoothed (factors from {', '.join(map(str, buckets))})" if buckets else ""
+    levers = lambda t: "".join(
+        text
+        for on, text in ((t.ssm_convolutions, ", SSM convolutions int8"), (t.gelu_approximation, ", tanh GELU"))
+        if on
+    )
     done = lambda t: lines.step(
-        f"int8 search at {at}: {t.fp32_products} products fp32{smoothed(t.calibrated_at)}, "
+        f"int8 search at {at}: {t.fp32_products} products fp32{smoothed(t.calibrated_at)}{levers(t)}, "
         f"gate {'passed' if t.passed else 'FAILED'}"
     )
     recipe, record = search_int8(graphs, tokenizer, primary_head(manifest.model.architecture),
@@ -436,6 +441,10 @@ def summary(manifest: Manifest, out_dir: str | Path) -> str:
             if search.smoothing:
                 calibrated = ", ".join(map(str, search.calibrated_at or [search.bucket]))
                 lines[-1] += f"; smoothed (SmoothQuant-style, factors from bucket {calibrated})"
+            if search.ssm_convolutions:
+                lines[-1] += "; Toeplitz SSM convolutions int8"
+            if search.gelu_approximation:
+                lines[-1] += "; GELU in its tanh form"
     if manifest.latency is not None:
         figures = manifest.latency.ms
         for bucket in manifest.buckets:

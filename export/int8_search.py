@@ -37,6 +37,16 @@ to 512 (32 sequences a bucket; fewer beyond):
    quantizations and gates at each search bucket, seconds each on 2 cores: within export's
    first-minutes budget.
 
+4. Levers on the fp32 remainder. With the weight products settled, the rest of the graph is what
+   limits int8's speed-up (GELU, the SSM convolutions, the gates' products: docs/BENCHMARKS.md). Two
+   levers of ONNX Runtime's own are tried on top of the chosen recipe (`LEVER_TRIES`), each gated like
+   any try: the Toeplitz SSM convolutions in int8 too with GELU in its tanh form, else the tanh GELU
+   alone; the first that passes is kept, none where neither does. Kept for the buckets up to the longest
+   searched (`Int8Recipe.at_bucket`): longer buckets, which the search does not gate, are quantized
+   without them (the tanh GELU cost bigs-mini-news one classification of 16 at 1,024). On bigs-mini-news on an AVX2-only
+   EPYC they took the served graph from 1.21x to 1.35x fp32 at 512 tokens; the SSM convolutions alone
+   cost it one classification of 32 at 512, which is why they are gated per model, never assumed.
+
 Every try, and each product left in fp32 with why (its rank and error) and what it costs (its share of
 the weight products' multiply-adds, which stay fp32), is recorded in the manifest
 (`Int8Search`, export/manifest.py). The variant is then gated at every bucket like any other; a bucket
@@ -71,7 +81,10 @@ SMOOTHING_ALPHA = 0.5  # SmoothQuant's: the range split evenly between activatio
 # Products left in fp32 after the all-int8 tries: those whose error is above these fractions of the largest
 EXCLUSION_STEPS = (1 / 2, 1 / 4, 1 / 8)
 REFINE_TRIES = 2  # halvings between the last failing and the first passing count
-MAX_TRIES = 3 + len(EXCLUSION_STEPS) + REFINE_TRIES  # unsmoothed, smoothed twice, the steps, the halvings
+# Step 4's levers, in order, each on top of the chosen recipe (export/onnx.py `Int8Recipe`): the first to pass is kept
+LEVER_TRIES = ({"ssm_convolutions": True, "gelu_approximation": True}, {"gelu_approximation": True})
+# unsmoothed, smoothed twice, the steps, the halvings, the levers
+MAX_TRIES = 3 + len(EXCLUSION_STEPS) + REFINE_TRIES + len(LEVER_TRIES)
 SMOOTHING = f"SmoothQuant-style (x / s)·(s W) before dynamic int8, s_j = max|x_j|^{SMOOTHING_ALPHA} / max|W_j|^{1 - SMOOTHING_ALPHA} per input channel, from the gate text's activations at the buckets `calibrated_at` names"
 
 
@@ -277,7 +290,8 @@ def search_int8(
     factors = {(bucket,): ranking.smoothing_here, every: ranking.smoothing}
     references = {b: ort_runner({b: _session(graph)}) for b, graph in graphs.items()}
     total_macs = sum(r.macs for r in plain) or 1
-    tries: dict[tuple[tuple[int, ...], int], Int8Try] = {}  # by (calibrated at, () unsmoothed; count left fp32)
+    # by (calibrated at, () unsmoothed; count left fp32; the levers taken, () none)
+    tries: dict[tuple[tuple[int, ...], int, tuple[str, ...]], Int8Try] = {}
 
     def ranked_for(calibrated_at: tuple[int, ...]) -> list[RankedProduct]:
         return by_smoothed if calibrated_at else plain
@@ -289,25 +303,30 @@ def search_int8(
 
     with tempfile.TemporaryDirectory(prefix="bigs-int8-search-") as tmp:
 
-        def attempt(calibrated_at: tuple[int, ...], count: int) -> bool:
+        def attempt(calibrated_at: tuple[int, ...], count: int, lever: dict | None = None) -> bool:
+            lever = lever or {}
+            tried = replace(recipe_of(calibrated_at, count), **lever)
             gates = {}
             for b, graph in graphs.items():  # the shortest first: a try that fails there is not gated further
-                run = _int8_runner(graph, b, recipe_of(calibrated_at, count), Path(tmp))
+                run = _int8_runner(graph, b, tried, Path(tmp))
                 gates[b] = measure_gate(tokenizer, b, head, references[b], run, thresholds)
                 if not gates[b].passed:
                     break
             share = sum(r.macs for r in ranked_for(calibrated_at)[:count]) / total_macs
-            tries[calibrated_at, count] = Int8Try(
+            key = (calibrated_at, count, tuple(sorted(lever)))
+            tries[key] = Int8Try(
                 fp32_products=count,
                 fp32_macs_share=round(share, 5),
                 gate=gates.pop(bucket),
                 smoothed=bool(calibrated_at),
                 calibrated_at=list(calibrated_at),
                 gates_elsewhere=gates,
+                ssm_convolutions=tried.ssm_convolutions,
+                gelu_approximation=tried.gelu_approximation,
             )
             if done is not None:
-                done(tries[calibrated_at, count])
-            return tries[calibrated_at, count].passed
+                done(tries[key])
+            return tries[key].passed
 
         calibrated_at, failed, passing = (), -1, None
         if attempt((), 0):  # every product int8, no smoothing: nothing to pay for
@@ -332,9 +351,13 @@ def search_int8(
                 passing = middle
             else:
                 failed = middle
-    # none passed: the last calibration's try with the most left in fp32
-    count = passing if passing is not None else max(c for at, c in tries if at == calibrated_at)
-    chosen = recipe_of(calibrated_at, count)
+        # none passed: the last calibration's try with the most left in fp32
+        count = passing if passing is not None else max(c for at, c, _ in tries if at == calibrated_at)
+        chosen = recipe_of(calibrated_at, count)
+        for lever in LEVER_TRIES if passing is not None else ():  # step 4, on a recipe that passed
+            if attempt(calibrated_at, count, lever):
+                chosen = replace(chosen, **lever)
+                break
     ranked = ranked_for(calibrated_at)
     why = (
         f"left fp32 for the gate at buckets {', '.join(map(str, sorted(graphs)))} to pass"
@@ -365,6 +388,8 @@ def search_int8(
             for rank, r in enumerate(ranked[:count], start=1)
         ],
         passed=passing is not None,
+        ssm_convolutions=chosen.ssm_convolutions,
+        gelu_approximation=chosen.gelu_approximation,
     )
     return chosen, record
 
@@ -395,7 +420,13 @@ def export_recipe(export_dir: Path, manifest, tokenizer) -> Int8Recipe:
     search = manifest.precisions["int8"].search if "int8" in manifest.precisions else None
     if search is None:  # a dir written before the search, or without int8: the default recipe
         return Int8Recipe()
-    recipe = Int8Recipe(search.per_channel, search.weight_bits == 7, frozenset(p.weight for p in search.fp32))
+    recipe = Int8Recipe(  # the recipe of the buckets the search gated; `at_bucket` gives a longer one's
+        search.per_channel,
+        search.weight_bits == 7,
+        frozenset(p.weight for p in search.fp32),
+        ssm_convolutions=search.ssm_convolutions,
+        gelu_approximation=search.gelu_approximation,
+    )
     if search.smoothing is None:
         return recipe
     fill_mask = primary_head(manifest.model.architecture) == "fill-mask"

@@ -185,6 +185,9 @@ class Int8Try(_Section):
     calibrated_at: list[int] = Field(default_factory=list)
     # the gate at the search's other buckets (`Int8Search.gated_at`); a try passes where every one passed
     gates_elsewhere: dict[int, GateMeasured] = Field(default_factory=dict)
+    # the levers on the fp32 remainder this try took (export/int8_search.py, step 4; False in a dir written before)
+    ssm_convolutions: bool = False  # the Toeplitz SSM convolutions in int8 too
+    gelu_approximation: bool = False  # GELU in its tanh form
 
     @property
     def passed(self) -> bool:
@@ -217,6 +220,10 @@ class Int8Search(_Section):
     tries: list[Int8Try]
     fp32: list[Fp32Product] = Field(default_factory=list)
     passed: bool  # the chosen try passed the gate at `bucket`
+    # the levers on the fp32 remainder the graphs were made with (the chosen try's; step 4 of the search), at
+    # the buckets up to the longest of `gated_at`; longer buckets are quantized without them (`Int8Recipe.at_bucket`)
+    ssm_convolutions: bool = False
+    gelu_approximation: bool = False
 
     @property
     def chosen(self) -> Int8Try:
@@ -225,7 +232,10 @@ class Int8Search(_Section):
         return next(
             t
             for t in self.tries
-            if t.fp32_products == len(self.fp32) and t.smoothed == smoothed and t.calibrated_at == self.calibrated_at
+            if t.fp32_products == len(self.fp32)
+            and t.smoothed == smoothed
+            and t.calibrated_at == self.calibrated_at
+            and (t.ssm_convolutions, t.gelu_approximation) == (self.ssm_convolutions, self.gelu_approximation)
         )
 
 

@@ -31,7 +31,7 @@ import tempfile
 import warnings
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -199,16 +199,25 @@ class Int8Recipe:
     # input channel; the product x·W becomes (x / s)·(s W), so that the activation's outlier channels,
     # which set its one per-tensor range, are shrunk before quantizing and the weights take the scale
     smoothing: dict[str, np.ndarray] = field(default_factory=dict, compare=False)
-    # Measured as methods of `bigs bench precision` (docs/BENCHMARKS.md), not yet what export writes:
-    # the Toeplitz SSM convolutions in int8 too (`toeplitz_convolutions`; ORT quantizes the constant T as
-    # uint8, one range, and u per call: MatMulIntegerToFloat), and GELU in its tanh form where the graph is
-    # optimised (`ort_optimize`'s `gelu_approximation`).
+    # Levers on the fp32 remainder, tried by the search once the weight products are settled (export/
+    # int8_search.py, step 4) and kept where the gate passes with them: the Toeplitz SSM convolutions in
+    # int8 too (`toeplitz_convolutions`; ORT quantizes the constant T as uint8, one range, and u per call:
+    # MatMulIntegerToFloat), and GELU in its tanh form where the graph is optimised (`ort_optimize`).
     ssm_convolutions: bool = False
     gelu_approximation: bool = False
 
     @property
     def weight_bits(self) -> int:
         return 7 if self.reduce_range else 8
+
+    def at_bucket(self, length: int, levers_up_to: int) -> Int8Recipe:
+        """This recipe for one bucket: the levers only up to `levers_up_to`, the longest bucket the search gated
+        them at; longer buckets without them. A lever is kept on the gate's word, and the gate spoke for those
+        lengths only: bigs-mini-news with the tanh GELU passed at 128 and 512 and missed at 1,024 by one
+        classification of 16."""
+        if length <= levers_up_to:
+            return self
+        return replace(self, ssm_convolutions=False, gelu_approximation=False)
 
 
 def weight_products(model: onnx.ModelProto) -> list[onnx.NodeProto]:
@@ -524,8 +533,9 @@ def export_onnx(
         def quantize_bucket(length: int) -> None:
             q_raw, q_opt = tmp / f"{length}.int8.raw.onnx", tmp / f"{length}.int8.opt.onnx"
             # from the finished graph: its weights carry their names in weights.bin, which the recipe uses
-            quantize_int8(onnx_dir / f"{length}.onnx", q_raw, recipe)
-            ort_optimize(q_raw, q_opt, recipe.gelu_approximation)
+            at_bucket = recipe.at_bucket(length, levers_up_to=max(searched_at))
+            quantize_int8(onnx_dir / f"{length}.onnx", q_raw, at_bucket)
+            ort_optimize(q_raw, q_opt, at_bucket.gelu_approximation)
             q_entry = {"file": f"onnx/{length}.int8.onnx", **formulation_for(length, model.config.routing).as_dict()}
             q_entry.update(finish_graph(q_opt, onnx_dir / f"{length}.int8.onnx", weights))
             section["buckets"][str(length)]["int8"] = q_entry

@@ -1071,6 +1071,40 @@ def test_every_weight_product_an_export_leaves_in_fp32_is_named_in_its_manifest(
 
 
 @pytest.mark.slow
+def test_the_search_tries_the_levers_on_the_chosen_recipe_last_and_the_graphs_carry_the_ones_it_kept(variant_exports):
+    """Step 4 of the int8 search: with the weight products settled, the Toeplitz SSM convolutions in int8
+    with GELU's tanh form, else the tanh GELU alone, each gated like any try; the first that passes is what
+    the graphs are made with, and the manifest says which."""
+    import onnx
+
+    from export.int8_search import LEVER_TRIES
+    from export.manifest import read_manifest
+    from export.onnx import constant_left_matmuls
+
+    for name, export_dir in variant_exports.items():
+        manifest = read_manifest(export_dir)
+        search = manifest.precisions["int8"].search
+        assert search.passed, name
+        levered = [t for t in search.tries if t.ssm_convolutions or t.gelu_approximation]
+        assert levered and levered == search.tries[-len(levered) :], name  # after every weight-product try
+        tried = [{k for k in ("ssm_convolutions", "gelu_approximation") if getattr(t, k)} for t in levered]
+        assert tried == [set(lever) for lever in LEVER_TRIES][: len(levered)], name  # in order, until one passed
+        assert all(t.fp32_products == len(search.fp32) and t.calibrated_at == search.calibrated_at for t in levered)
+        assert all(not t.passed for t in levered[:-1])
+        kept = levered[-1] if levered[-1].passed else None
+        assert search.chosen is (kept or search.chosen) and (search.ssm_convolutions, search.gelu_approximation) == (
+            (kept.ssm_convolutions, kept.gelu_approximation) if kept else (False, False)
+        ), name
+        for bucket in manifest.buckets:
+            graph = export_dir / manifest.onnx.graph(bucket, "int8").file
+            ops = [n.op_type for n in onnx.load(str(graph), load_external_data=False).graph.node]
+            gated = bucket <= max(search.gated_at)  # the levers are kept at the buckets the search gated them at
+            assert ("FastGelu" in ops) == (search.gelu_approximation and gated), (name, bucket)
+            fp32_convolutions = len(constant_left_matmuls(graph))
+            assert (fp32_convolutions == 0) == (search.ssm_convolutions and gated), (name, bucket)
+
+
+@pytest.mark.slow
 def test_the_search_leaves_the_products_of_largest_int8_error_in_fp32_until_the_gate_passes_and_names_each(
     variant_exports, tmp_path, tokenizer
 ):
@@ -1329,7 +1363,8 @@ def test_the_int8_recipe_rebuilt_from_the_manifest_makes_the_served_graph_again_
     """`bigs bench precision`'s lever columns start from the dir's own int8 recipe (export/int8_search.py
     `export_recipe`: the products left fp32 and the smoothing factors, computed again from the manifest's
     search record): quantized and optimised as export does, it answers exactly as the served int8 graph.
-    Each lever's graph then differs from it by that lever alone, within the gate's cosine."""
+    The lever columns differ from it by the levers alone, within the gate's cosine; the one whose levers are
+    the search's is the served graph again (at the buckets the search gated, where export keeps its levers)."""
     import onnxruntime as ort
 
     from bench.precision import LEVERS, add_levers
@@ -1346,7 +1381,7 @@ def test_the_int8_recipe_rebuilt_from_the_manifest_makes_the_served_graph_again_
     assert recipe.fp32_weights == {p.weight for p in manifest.precisions["int8"].search.fp32}
     raw, again = tmp_path / "raw.onnx", tmp_path / "again.onnx"
     quantize_int8(export_dir / manifest.onnx.buckets[bucket].file, raw, recipe)
-    ort_optimize(raw, again)
+    ort_optimize(raw, again, recipe.gelu_approximation)
     rebuilt = ort.InferenceSession(str(again), session_options(manifest), providers=["CPUExecutionProvider"])
     served = ort_runner(ort_sessions(export_dir, manifest, "int8", buckets=[bucket]))
     columns = {}
@@ -1360,7 +1395,22 @@ def test_the_int8_recipe_rebuilt_from_the_manifest_makes_the_served_graph_again_
             np.testing.assert_array_equal(got[name], expected[name], err_msg=name)
         for lever, sessions in columns.items():
             embeddings = ort_runner(sessions)(bucket, feeds)["embeddings"]
+            if LEVERS[lever] == {
+                "ssm_convolutions": recipe.ssm_convolutions,
+                "gelu_approximation": recipe.gelu_approximation,
+            }:
+                np.testing.assert_array_equal(embeddings, expected["embeddings"], err_msg=lever)
             cosine = np.sum(embeddings * expected["embeddings"], -1) / (
                 np.linalg.norm(embeddings, axis=-1) * np.linalg.norm(expected["embeddings"], axis=-1)
             )
             assert cosine.min() > 0.99, lever
+
+
+def test_the_levers_are_kept_only_up_to_the_longest_bucket_the_search_gated_them_at():
+    from export.onnx import Int8Recipe
+
+    recipe = Int8Recipe(fp32_weights=frozenset({"w"}), ssm_convolutions=True, gelu_approximation=True)
+    assert recipe.at_bucket(128, levers_up_to=512) is recipe and recipe.at_bucket(512, levers_up_to=512) is recipe
+    longer = recipe.at_bucket(1024, levers_up_to=512)
+    assert not longer.ssm_convolutions and not longer.gelu_approximation
+    assert longer.fp32_weights == recipe.fp32_weights and longer.reduce_range == recipe.reduce_range
