@@ -261,6 +261,16 @@ def exclusion_counts(ranked: list[RankedProduct]) -> list[int]:
     return counts
 
 
+def rank_on_gate_text(graphs: dict[int, Path], tokenizer, fill_mask: bool, weight_bits: int) -> Ranking:
+    """Step 1 and 2's one fp32 pass: the products ranked at the shortest of `graphs` on the gate's first
+    `RANKING_BATCHES` batches there, with smoothing factors from that bucket alone and from every bucket's
+    batches. What the search starts from, and what `export_recipe` computes again."""
+    bucket = min(graphs)
+    calibration = {b: [_feeds(x) for x in gate_batches(tokenizer, b, fill_mask)[:RANKING_BATCHES]] for b in graphs}
+    elsewhere = [activation_maxima(graph, calibration[b]) for b, graph in graphs.items() if b != bucket]
+    return rank_products(graphs[bucket], calibration[bucket], weight_bits, elsewhere)
+
+
 def search_int8(
     graphs: dict[int, Path],
     tokenizer,
@@ -279,9 +289,7 @@ def search_int8(
     recipe = recipe or Int8Recipe()
     bucket = min(graphs)
     fill_mask = head == "fill-mask"
-    calibration = {b: [_feeds(x) for x in gate_batches(tokenizer, b, fill_mask)[:RANKING_BATCHES]] for b in graphs}
-    elsewhere = [activation_maxima(graph, calibration[b]) for b, graph in graphs.items() if b != bucket]
-    ranking = rank_products(graphs[bucket], calibration[bucket], recipe.weight_bits, elsewhere)
+    ranking = rank_on_gate_text(graphs, tokenizer, fill_mask, recipe.weight_bits)
     plain = ranking.products
     by_smoothed = sorted(plain, key=lambda r: -r.error_smoothed)  # with the factors of every bucket searched
     # The smoothing calibrations tried with every product int8 (module docstring, step 2): the first bucket's
@@ -431,8 +439,6 @@ def export_recipe(export_dir: Path, manifest, tokenizer) -> Int8Recipe:
         return recipe
     fill_mask = primary_head(manifest.model.architecture) == "fill-mask"
     graphs = {b: export_dir / manifest.onnx.buckets[b].file for b in search.gated_at or [search.bucket]}
-    calibration = {b: [_feeds(x) for x in gate_batches(tokenizer, b, fill_mask)[:RANKING_BATCHES]] for b in graphs}
-    elsewhere = [activation_maxima(graph, calibration[b]) for b, graph in graphs.items() if b != search.bucket]
-    ranking = rank_products(graphs[search.bucket], calibration[search.bucket], recipe.weight_bits, elsewhere)
+    ranking = rank_on_gate_text(graphs, tokenizer, fill_mask, recipe.weight_bits)
     alone = list(search.calibrated_at or [search.bucket]) == [search.bucket]
     return replace(recipe, smoothing=ranking.smoothing_here if alone else ranking.smoothing)

@@ -166,7 +166,7 @@ def toeplitz_convolutions(path: Path) -> list[str]:
     """The SSM convolutions in the Toeplitz form (buckets up to 512, docs/DESIGN.md §3.1): MatMul(T, u)
     with T a constant (L, L) over the whole sequence, u (B, L, d). Not the chunked form's products (their
     constants are (c, c), (2N, c), (c, 2N) and the carries, applied to (B, L/c, c, d)): in int8 those
-    small products ran slower than in fp32 (bench/results/precision-news-ssm-avx2.md)."""
+    small products ran slower than in fp32 (docs/BENCHMARKS.md, "Two levers")."""
     model = onnx.load(str(path), load_external_data=False)
     shapes = {init.name: list(init.dims) for init in model.graph.initializer}
     ids = next(i for i in model.graph.input if i.name == "input_ids")
