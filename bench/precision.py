@@ -243,16 +243,15 @@ def add_levers(export_dir: Path, manifest, tokenizer, buckets: list[int], work: 
 
     from export.gate import ORT_SPIN_WAIT
     from export.int8_search import export_recipe
-    from export.onnx import ort_optimize, quantize_int8
+    from export.onnx import write_int8_graph
     from export.onnx_runtime import session_options
 
     recipe = export_recipe(export_dir, manifest, tokenizer)
     for name, fields in LEVERS.items():
         lever, sessions = replace(recipe, **fields), {}
         for b in buckets:
-            raw, dst = work / f"{b}.{name}.raw.onnx", work / f"{b}.{name}.onnx"
-            quantize_int8(export_dir / manifest.onnx.buckets[b].file, raw, lever)
-            ort_optimize(raw, dst, lever.gelu_approximation)
+            dst = work / f"{b}.{name}.onnx"
+            write_int8_graph(export_dir / manifest.onnx.buckets[b].file, dst, lever)
             options = session_options(manifest, spin_wait=ORT_SPIN_WAIT)
             sessions[b] = ort.InferenceSession(str(dst), options, providers=["CPUExecutionProvider"])
         add_ort(name, sessions)

@@ -73,7 +73,7 @@ from onnx import numpy_helper
 from .gate import RunBatch, gate_batches, measure_gate, ort_runner
 from .heads import primary_head
 from .manifest import Fp32Product, GateThresholds, Int8Search, Int8Try
-from .onnx import Int8Recipe, ort_optimize, quantize_int8, weight_products
+from .onnx import Int8Recipe, weight_products, write_int8_graph
 
 RANKING_BATCHES = 4  # of the gate's batches at the first search bucket: 16 sequences
 SECOND_SEARCH_BUCKET_MAX = 512  # the second bucket gated: the longest up to this (module docstring)
@@ -414,9 +414,8 @@ def _session(path: Path) -> ort.InferenceSession:
 
 def _int8_runner(graph: Path, bucket: int, recipe: Int8Recipe, work: Path) -> RunBatch:
     """`graph` quantized by `recipe` and optimised as export writes it (export/onnx.py), on ORT."""
-    raw, optimized = work / f"{bucket}.int8.raw.onnx", work / f"{bucket}.int8.opt.onnx"
-    quantize_int8(graph, raw, recipe)
-    ort_optimize(raw, optimized, recipe.gelu_approximation)
+    optimized = work / f"{bucket}.int8.opt.onnx"
+    write_int8_graph(graph, optimized, recipe)
     return ort_runner({bucket: _session(optimized)})
 
 

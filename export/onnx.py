@@ -280,6 +280,17 @@ def quantize_int8(src: Path, dst: Path, recipe: Int8Recipe | None = None, per_ch
         _quantize_dynamic(src, dst, recipe, per_channel)
 
 
+def write_int8_graph(src: Path, dst: Path, recipe: Int8Recipe) -> None:
+    """The int8 graph of the fp32 graph `src` as `bigs export` serves it, written to `dst` (weights in
+    `dst`.data): quantized by `recipe` (`quantize_int8`), then optimised offline like every graph, with GELU in
+    its tanh form where the recipe keeps that lever (`ort_optimize`). What the export writes, what the int8
+    search gates and what `bigs bench precision` times are this one function's graph."""
+    with tempfile.TemporaryDirectory(prefix="bigs-int8-") as tmp:
+        raw = Path(tmp) / f"{dst.stem}.raw.onnx"
+        quantize_int8(src, raw, recipe)
+        ort_optimize(raw, dst, recipe.gelu_approximation)
+
+
 def _quantize_dynamic(src: Path, dst: Path, recipe: Int8Recipe, per_channel: bool | None) -> None:
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
@@ -531,11 +542,10 @@ def export_onnx(
         tmp = Path(tmp)
 
         def quantize_bucket(length: int) -> None:
-            q_raw, q_opt = tmp / f"{length}.int8.raw.onnx", tmp / f"{length}.int8.opt.onnx"
+            q_opt = tmp / f"{length}.int8.opt.onnx"
             # from the finished graph: its weights carry their names in weights.bin, which the recipe uses
             at_bucket = recipe.at_bucket(length, levers_up_to=max(searched_at))
-            quantize_int8(onnx_dir / f"{length}.onnx", q_raw, at_bucket)
-            ort_optimize(q_raw, q_opt, at_bucket.gelu_approximation)
+            write_int8_graph(onnx_dir / f"{length}.onnx", q_opt, at_bucket)
             q_entry = {"file": f"onnx/{length}.int8.onnx", **formulation_for(length, model.config.routing).as_dict()}
             q_entry.update(finish_graph(q_opt, onnx_dir / f"{length}.int8.onnx", weights))
             section["buckets"][str(length)]["int8"] = q_entry

@@ -1325,7 +1325,7 @@ def test_int8_ssm_convolutions_take_the_toeplitz_form_only_and_the_tanh_gelu_is_
 
     from export.gate import GateThresholds, measure_gate, ort_runner
     from export.manifest import read_manifest
-    from export.onnx import Int8Recipe, constant_left_matmuls, ort_optimize, quantize_int8, toeplitz_convolutions
+    from export.onnx import Int8Recipe, constant_left_matmuls, toeplitz_convolutions, write_int8_graph
 
     export_dir = exports["mlm"]
     manifest = read_manifest(export_dir)
@@ -1338,9 +1338,8 @@ def test_int8_ssm_convolutions_take_the_toeplitz_form_only_and_the_tanh_gelu_is_
             assert len(toeplitz) == 2 * layers and sorted(toeplitz) == sorted(constant_left), bucket
         else:  # chunked: none is
             assert constant_left and not toeplitz, bucket
-        raw, optimized = tmp_path / f"{bucket}.raw.onnx", tmp_path / f"{bucket}.onnx"
-        quantize_int8(src, raw, recipe)
-        ort_optimize(raw, optimized, gelu_approximation=True)
+        optimized = tmp_path / f"{bucket}.onnx"
+        write_int8_graph(src, optimized, recipe)
         ops = [n.op_type for n in onnx.load(str(optimized), load_external_data=False).graph.node]
         # every block's fused BiasGelu; the MLM head's transform keeps ONNX's own Gelu, which ORT's pass skips
         assert "FastGelu" in ops and "BiasGelu" not in ops, bucket
@@ -1371,7 +1370,7 @@ def test_the_int8_recipe_rebuilt_from_the_manifest_makes_the_served_graph_again_
     from export.gate import gate_batches, ort_runner, ort_sessions
     from export.int8_search import export_recipe
     from export.manifest import read_manifest
-    from export.onnx import ort_optimize, quantize_int8
+    from export.onnx import write_int8_graph
     from export.onnx_runtime import session_options
 
     export_dir = variant_exports["mlm"]
@@ -1379,9 +1378,8 @@ def test_the_int8_recipe_rebuilt_from_the_manifest_makes_the_served_graph_again_
     bucket = min(manifest.buckets)
     recipe = export_recipe(export_dir, manifest, tokenizer)
     assert recipe.fp32_weights == {p.weight for p in manifest.precisions["int8"].search.fp32}
-    raw, again = tmp_path / "raw.onnx", tmp_path / "again.onnx"
-    quantize_int8(export_dir / manifest.onnx.buckets[bucket].file, raw, recipe)
-    ort_optimize(raw, again, recipe.gelu_approximation)
+    again = tmp_path / "again.onnx"
+    write_int8_graph(export_dir / manifest.onnx.buckets[bucket].file, again, recipe)
     rebuilt = ort.InferenceSession(str(again), session_options(manifest), providers=["CPUExecutionProvider"])
     served = ort_runner(ort_sessions(export_dir, manifest, "int8", buckets=[bucket]))
     columns = {}
