@@ -21,12 +21,12 @@ Candidates (those the dir and this install have):
                              export/int8_search.py `rank_products`): the search's second try
     ort-int8-no-levers       ort-int8's own recipe (`export_recipe`: its smoothing, the products it left fp32)
                              with neither lever of the search's step 4; written as export writes ort-int8
-    ort-int8-ssm             the same with the Toeplitz SSM convolutions (buckets up to 512) in int8 too: the
-                             constant kernel uint8, the input quantized per call
+    ort-int8-ssm             the same with the SSM convolutions in int8 too (the Toeplitz T up to 512, the
+                             chunked form's constants beyond): each constant uint8, the input quantized per call
     ort-int8-tanh-gelu       the same with GELU in its tanh form (ORT's GeluApproximation)
-    ort-int8-ssm-tanh-gelu   both. The columns set their levers at every bucket asked; export keeps the search's
-                             up to the longest bucket it gated (`Int8Recipe.at_bucket`), so there one of the
-                             four is ort-int8 made again (the manifest's search says which)
+    ort-int8-ssm-tanh-gelu   both. The columns set their levers at every bucket asked; export writes each bucket
+                             with the levers its gate kept (the manifest's `search.levers_at`), so at each
+                             bucket one of the four is ort-int8 made again
     ort-int8-static          static QDQ, weights per channel, activation ranges calibrated (MinMax) on the
                              gate's real text at the bucket (`gate_batches`): the most favourable calibration
     ort-int8-blockwise       MatMulNBits 8-bit, weights in blocks of 32, activations quantized per row and

@@ -37,7 +37,7 @@ from .progress import Job, silent
 from .verify import DEFAULT_TOLERANCE
 
 if TYPE_CHECKING:
-    from .onnx import Int8Recipe
+    from .onnx import WriteInt8
 
 DEFAULT_BUCKETS = (128, 256, 512, 1024, 2048, 4096)
 PRECISIONS = ("int8", "bf16")
@@ -262,19 +262,20 @@ def export_artifact(
     return manifest
 
 
-def plan_int8(out_dir: Path, manifest: Manifest, graphs: dict[int, Path], job: Job, searched: list) -> Int8Recipe:
-    """The int8 recipe of this export (`export_onnx`'s `plan_int8`): the accuracy-aware search on the finished
-    fp32 graphs of the buckets it searches at (export/int8_search.py), its record appended to `searched`. Without the
-    tokenizer the gate needs (`variants_to_write` asks for int8 only with one), the default recipe."""
-    from .onnx import Int8Recipe
+def plan_int8(out_dir: Path, manifest: Manifest, graphs: dict[int, Path], job: Job, searched: list) -> WriteInt8:
+    """How this export writes its int8 graphs (`export_onnx`'s `plan_int8`): the accuracy-aware search on the
+    finished fp32 graphs of the buckets it searches at (export/int8_search.py), its record appended to
+    `searched`, then each bucket by its `Int8Plan`. Without the tokenizer the gate needs (`variants_to_write`
+    asks for int8 only with one), the default recipe at every bucket."""
+    from .onnx import default_int8
 
     if not (out_dir / "tokenizer.json").is_file():
-        return Int8Recipe()
+        return default_int8
     from tokenizers import Tokenizer
 
     from .gate import GateThresholds
     from .heads import primary_head
-    from .int8_search import MAX_TRIES, search_int8
+    from .int8_search import MAX_TRIES, Int8Plan, search_int8
 
     tokenizer = Tokenizer.from_file(str(out_dir / "tokenizer.json"))
     tokenizer.no_truncation()
@@ -293,10 +294,14 @@ def plan_int8(out_dir: Path, manifest: Manifest, graphs: dict[int, Path], job: J
         f"int8 search at {at}: {t.fp32_products} products fp32{smoothed(t.calibrated_at)}{levers(t)}, "
         f"gate {'passed' if t.passed else 'FAILED'}"
     )
-    recipe, record = search_int8(graphs, tokenizer, primary_head(manifest.model.architecture),
-                                 GateThresholds(), done=done)  # fmt: skip
+    head = primary_head(manifest.model.architecture)
+    recipe, record = search_int8(graphs, tokenizer, head, GateThresholds(), done=done)
     searched.append(record)
-    return recipe
+    long_bucket = lambda bucket, tried: job.emit(
+        f"{job.name}: int8 at bucket {bucket}{levers(tried)}: gate {'passed, kept' if tried.passed else 'FAILED'}"
+        + ("" if tried.passed else ", written without them")
+    )
+    return Int8Plan(recipe, record, tokenizer, head, GateThresholds(), done=long_bucket).write
 
 
 def describe_artifact(
@@ -442,9 +447,12 @@ def summary(manifest: Manifest, out_dir: str | Path) -> str:
                 calibrated = ", ".join(map(str, search.calibrated_at or [search.bucket]))
                 lines[-1] += f"; smoothed (SmoothQuant-style, factors from bucket {calibrated})"
             if search.ssm_convolutions:
-                lines[-1] += "; Toeplitz SSM convolutions int8"
+                lines[-1] += "; SSM convolutions int8"
             if search.gelu_approximation:
                 lines[-1] += "; GELU in its tanh form"
+            if search.ssm_convolutions or search.gelu_approximation:
+                levered = [b for b in manifest.buckets if any(search.levers_at(b))]
+                lines[-1] += f" (at buckets {', '.join(map(str, levered))})"
     if manifest.latency is not None:
         figures = manifest.latency.ms
         for bucket in manifest.buckets:

@@ -40,12 +40,18 @@ to 512 (32 sequences a bucket; fewer beyond):
 4. Levers on the fp32 remainder. With the weight products settled, the rest of the graph is what
    limits int8's speed-up (GELU, the SSM convolutions, the gates' products: docs/BENCHMARKS.md). Two
    levers of ONNX Runtime's own are tried on top of the chosen recipe (`LEVER_TRIES`), each gated like
-   any try: the Toeplitz SSM convolutions in int8 too with GELU in its tanh form, else the tanh GELU
-   alone; the first that passes is kept, none where neither does. Kept for the buckets up to the longest
-   searched (`Int8Recipe.at_bucket`): longer buckets, which the search does not gate, are quantized
-   without them (the tanh GELU cost bigs-mini-news one classification of 16 at 1,024). On bigs-mini-news on an AVX2-only
-   EPYC they took the served graph from 1.21x to 1.35x fp32 at 512 tokens; the SSM convolutions alone
-   cost it one classification of 32 at 512, which is why they are gated per model, never assumed.
+   any try: the SSM convolutions in int8 too with GELU in its tanh form, else the tanh GELU alone; the
+   first that passes is kept, none where neither does. On bigs-mini-news on an AVX2-only EPYC they took
+   the served graph from 1.21x to 1.35x fp32 at 512 tokens; the SSM convolutions alone cost it one
+   classification of 32 at 512, which is why they are gated per model, never assumed.
+5. The longer buckets (`Int8Plan`). The search's gate speaks for its buckets only, and a lever's error
+   is not the same at every length (bigs-mini-news's tanh GELU alone passed at 128 and 512 and missed at
+   1,024 by one classification of 16). So at each bucket longer than the search's, export writes the
+   graph with the levers kept, gates it there on the gate's text (a few seconds: fewer, longer
+   sequences), keeps it where it passes and writes it again without them where it fails; each such gate
+   is recorded (`Int8Search.long_buckets`). There the SSM lever takes the chunked form's products (its
+   (c, c), (2N, c), (c, 2N) and carry constants): at 4,096 tokens on the AVX2-only EPYC, 83 ms of SSM
+   products in int8 (their quantization included) against 108 in fp32, on bigs-mini-news.
 
 Every try, and each product left in fp32 with why (its rank and error) and what it costs (its share of
 the weight products' multiply-adds, which stay fp32), is recorded in the manifest
@@ -72,7 +78,7 @@ from onnx import numpy_helper
 
 from .gate import RunBatch, gate_batches, measure_gate, ort_runner
 from .heads import primary_head
-from .manifest import Fp32Product, GateThresholds, Int8Search, Int8Try
+from .manifest import Fp32Product, GateThresholds, Int8Search, Int8Try, LeverGate
 from .onnx import Int8Recipe, weight_products, write_int8_graph
 
 RANKING_BATCHES = 4  # of the gate's batches at the first search bucket: 16 sequences
@@ -402,6 +408,36 @@ def search_int8(
     return chosen, record
 
 
+@dataclass
+class Int8Plan:
+    """How export writes each bucket's int8 graph from the search's answer (`export_onnx`'s `plan_int8`;
+    module docstring, step 5): `recipe` as chosen at the buckets up to the longest the search gated; at a
+    longer one, with its levers where that bucket's gate passes with them, else without. Each such gate goes
+    into `record.long_buckets`, and `done(bucket, lever_gate)` is called after it (export's progress lines)."""
+
+    recipe: Int8Recipe
+    record: Int8Search
+    tokenizer: object
+    head: str
+    thresholds: GateThresholds
+    done: Callable[[int, LeverGate], object] | None = None
+
+    def write(self, length: int, fp32_graph: Path, dst: Path) -> None:
+        if length <= max(self.record.gated_at) or not self.recipe.has_levers:
+            write_int8_graph(fp32_graph, dst, self.recipe)
+            return
+        write_int8_graph(fp32_graph, dst, self.recipe)
+        reference, variant = (ort_runner({length: _session(graph)}) for graph in (fp32_graph, dst))
+        gate = measure_gate(self.tokenizer, length, self.head, reference, variant, self.thresholds)
+        tried = LeverGate(ssm_convolutions=self.recipe.ssm_convolutions,
+                          gelu_approximation=self.recipe.gelu_approximation, gate=gate)  # fmt: skip
+        self.record.long_buckets[length] = tried
+        if not tried.passed:
+            write_int8_graph(fp32_graph, dst, self.recipe.without_levers())
+        if self.done is not None:
+            self.done(length, tried)
+
+
 def _feeds(batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     return {k: v for k, v in batch.items() if not k.startswith("_")}
 
@@ -427,7 +463,7 @@ def export_recipe(export_dir: Path, manifest, tokenizer) -> Int8Recipe:
     search = manifest.precisions["int8"].search if "int8" in manifest.precisions else None
     if search is None:  # a dir written before the search, or without int8: the default recipe
         return Int8Recipe()
-    recipe = Int8Recipe(  # the recipe of the buckets the search gated; `at_bucket` gives a longer one's
+    recipe = Int8Recipe(  # the recipe of the buckets the search gated; a longer one's levers: `search.levers_at`
         search.per_channel,
         search.weight_bits == 7,
         frozenset(p.weight for p in search.fp32),

@@ -194,6 +194,20 @@ class Int8Try(_Section):
         return self.gate.passed and all(g.passed for g in self.gates_elsewhere.values())
 
 
+class LeverGate(_Section):
+    """Step 5 of the int8 search (export/int8_search.py `Int8Plan`): the levers the search kept, tried at one
+    bucket longer than the buckets it gated, with that bucket's own gate. Kept there where it passed; the
+    bucket's graph is written without them where it failed."""
+
+    ssm_convolutions: bool
+    gelu_approximation: bool
+    gate: GateMeasured
+
+    @property
+    def passed(self) -> bool:
+        return self.gate.passed
+
+
 class Fp32Product(_Section):
     """A weight product the int8 search left in fp32: which, why, and what it costs."""
 
@@ -221,9 +235,22 @@ class Int8Search(_Section):
     fp32: list[Fp32Product] = Field(default_factory=list)
     passed: bool  # the chosen try passed the gate at `bucket`
     # the levers on the fp32 remainder the graphs were made with (the chosen try's; step 4 of the search), at
-    # the buckets up to the longest of `gated_at`; longer buckets are quantized without them (`Int8Recipe.at_bucket`)
+    # the buckets up to the longest of `gated_at`; at a longer bucket, where its own gate passed with them
+    # (`long_buckets`, step 5; `levers_at`)
     ssm_convolutions: bool = False
     gelu_approximation: bool = False
+    # step 5: the levers tried again at each bucket longer than `gated_at`, each with that bucket's gate ({}
+    # where none were kept, or in a dir written before: those buckets were quantized without them)
+    long_buckets: dict[int, LeverGate] = Field(default_factory=dict)
+
+    def levers_at(self, bucket: int) -> tuple[bool, bool]:
+        """(SSM convolutions int8, tanh GELU): the levers `bucket`'s int8 graph was made with."""
+        tried = self.long_buckets.get(bucket)
+        if tried is not None:
+            return (tried.ssm_convolutions, tried.gelu_approximation) if tried.passed else (False, False)
+        if bucket <= max(self.gated_at or [self.bucket]):
+            return self.ssm_convolutions, self.gelu_approximation
+        return False, False
 
     @property
     def chosen(self) -> Int8Try:

@@ -10,7 +10,8 @@ Per bucket (fixed L, dynamic batch):
      LayerNorm, MatMul fusions), saved. The service then loads with optimisation disabled
      (`SESSION_OPTIONS`), so no per-session transform can make private copies of the weights.
   3. Optionally (precision int8) `quantize_dynamic`: MatMul/Gemm weights int8 per output channel,
-     the SSM convolutions kept fp32 by name; then optimised again. (bf16 needs no graph of its own:
+     the SSM convolutions kept fp32 by name unless the int8 search's gate took them too
+     (export/int8_search.py); then optimised again. (bf16 needs no graph of its own:
      OpenVINO runs these fp32 graphs at bf16, export/openvino_runtime.py.)
 
 Every initializer of at least `MIN_SHARED_BYTES` is moved into `onnx/weights.bin`, deduplicated
@@ -154,24 +155,12 @@ def constant_left_matmuls(path: Path) -> list[str]:
     chunked form's intra/to_state/carry/read products, export/modules.py). They are not weights:
     their constants are the long-range kernel, whose small far-off entries int8 would round to zero,
     so they are named explicitly to stay fp32 (besides `MatMulConstBOnly`, which skips them too). Measured
-    since (docs/BENCHMARKS.md, "Two levers"): the Toeplitz form in int8 kept bigs-mini-news's cosine and
-    cost one classification at 512; `Int8Recipe.ssm_convolutions` quantizes it where asked."""
+    since (docs/BENCHMARKS.md, "Two levers"): in int8 they kept bigs-mini-news's cosine and cost one
+    classification at 512; `Int8Recipe.ssm_convolutions` quantizes them where the gate keeps it."""
     model = onnx.load(str(path), load_external_data=False)
     constants = {init.name for init in model.graph.initializer}
     constants |= {n.output[0] for n in model.graph.node if n.op_type == "Constant"}
     return [n.name for n in model.graph.node if n.op_type == "MatMul" and n.input[0] in constants]
-
-
-def toeplitz_convolutions(path: Path) -> list[str]:
-    """The SSM convolutions in the Toeplitz form (buckets up to 512, docs/DESIGN.md §3.1): MatMul(T, u)
-    with T a constant (L, L) over the whole sequence, u (B, L, d). Not the chunked form's products (their
-    constants are (c, c), (2N, c), (c, 2N) and the carries, applied to (B, L/c, c, d)): in int8 those
-    small products ran slower than in fp32 (docs/BENCHMARKS.md, "Two levers")."""
-    model = onnx.load(str(path), load_external_data=False)
-    shapes = {init.name: list(init.dims) for init in model.graph.initializer}
-    ids = next(i for i in model.graph.input if i.name == "input_ids")
-    length = ids.type.tensor_type.shape.dim[1].dim_value  # every bucket's graph has its length fixed
-    return [n.name for n in model.graph.node if n.op_type == "MatMul" and shapes.get(n.input[0]) == [length, length]]
 
 
 # Quantized: the weight products only. Embedding lookups (Gather), LayerNorm, softmax, the SSM
@@ -200,9 +189,10 @@ class Int8Recipe:
     # which set its one per-tensor range, are shrunk before quantizing and the weights take the scale
     smoothing: dict[str, np.ndarray] = field(default_factory=dict, compare=False)
     # Levers on the fp32 remainder, tried by the search once the weight products are settled (export/
-    # int8_search.py, step 4) and kept where the gate passes with them: the Toeplitz SSM convolutions in
-    # int8 too (`toeplitz_convolutions`; ORT quantizes the constant T as uint8, one range, and u per call:
-    # MatMulIntegerToFloat), and GELU in its tanh form where the graph is optimised (`ort_optimize`).
+    # int8_search.py, steps 4 and 5) and kept where the gate passes with them: the SSM convolutions in int8
+    # too (`constant_left_matmuls`: the Toeplitz T up to 512 tokens, the chunked form's constants beyond;
+    # ORT quantizes each constant as uint8, one range, and u per call: MatMulIntegerToFloat), and GELU in
+    # its tanh form where the graph is optimised (`ort_optimize`).
     ssm_convolutions: bool = False
     gelu_approximation: bool = False
 
@@ -210,13 +200,13 @@ class Int8Recipe:
     def weight_bits(self) -> int:
         return 7 if self.reduce_range else 8
 
-    def at_bucket(self, length: int, levers_up_to: int) -> Int8Recipe:
-        """This recipe for one bucket: the levers only up to `levers_up_to`, the longest bucket the search gated
-        them at; longer buckets without them. A lever is kept on the gate's word, and the gate spoke for those
-        lengths only: bigs-mini-news with the tanh GELU passed at 128 and 512 and missed at 1,024 by one
-        classification of 16."""
-        if length <= levers_up_to:
-            return self
+    @property
+    def has_levers(self) -> bool:
+        return self.ssm_convolutions or self.gelu_approximation
+
+    def without_levers(self) -> Int8Recipe:
+        """The same weight products, smoothing and bits, with neither lever: what a bucket whose own gate
+        refused the levers is written with (export/int8_search.py `Int8Plan`)."""
         return replace(self, ssm_convolutions=False, gelu_approximation=False)
 
 
@@ -299,8 +289,7 @@ def _quantize_dynamic(src: Path, dst: Path, recipe: Int8Recipe, per_channel: boo
     convolutions = constant_left_matmuls(src)
     if recipe.ssm_convolutions:  # MatMulConstBOnly off below: only the products named here stay fp32
         constants = {init.name for init in model.graph.initializer}
-        two_activations = [n.name for n in model.graph.node if n.op_type == "MatMul" and not constants & set(n.input)]
-        convolutions = sorted(set(convolutions) - set(toeplitz_convolutions(src))) + two_activations
+        convolutions = [n.name for n in model.graph.node if n.op_type == "MatMul" and not constants & set(n.input)]
     quantize_dynamic(
         str(src),
         str(dst),
@@ -310,7 +299,7 @@ def _quantize_dynamic(src: Path, dst: Path, recipe: Int8Recipe, per_channel: boo
         op_types_to_quantize=QUANTIZED_OP_TYPES,
         nodes_to_exclude=convolutions + kept,
         use_external_data_format=True,
-        # a constant LEFT operand is quantized only where the recipe takes the Toeplitz convolutions
+        # a constant LEFT operand is quantized only where the recipe takes the SSM convolutions
         extra_options={"MatMulConstBOnly": not recipe.ssm_convolutions},
     )
 
@@ -504,9 +493,17 @@ def finish_graph(src: Path, dst: Path, weights: WeightsFileWriter) -> dict:
     return {"shared_initializers": shared, "op_types": dict(sorted(ops.items())), **io_spec(model)}
 
 
-# What decides the int8 recipe: called once, with the finished fp32 graphs of the buckets it searches at
-# ({bucket: graph}: export/int8_search.py `search_buckets`)
-PlanInt8 = Callable[[dict[int, Path]], Int8Recipe]
+# Writes one bucket's int8 graph: (length, its finished fp32 graph, where to write the int8 one)
+WriteInt8 = Callable[[int, Path, Path], None]
+# What decides the int8 graphs: called once, with the finished fp32 graphs of the buckets it searches at
+# ({bucket: graph}: export/int8_search.py `search_buckets`); answers how every bucket's graph is written
+# (export/int8_search.py `Int8Plan.write`)
+PlanInt8 = Callable[[dict[int, Path]], WriteInt8]
+
+
+def default_int8(length: int, fp32_graph: Path, dst: Path) -> None:
+    """Every weight product int8 by the default recipe, at every bucket: where no search runs (no tokenizer)."""
+    write_int8_graph(fp32_graph, dst, Int8Recipe())
 
 
 def export_onnx(
@@ -535,7 +532,7 @@ def export_onnx(
         "weights_file": f"onnx/{WEIGHTS_FILE}",
         "buckets": {},
     }
-    recipe: Int8Recipe | None = None
+    write_int8: WriteInt8 | None = None
     searched_at = search_buckets(buckets)
     pending: list[int] = []  # buckets whose fp32 graph is written, waiting for the int8 recipe
     with tempfile.TemporaryDirectory(prefix="bigs-onnx-") as tmp:
@@ -544,8 +541,7 @@ def export_onnx(
         def quantize_bucket(length: int) -> None:
             q_opt = tmp / f"{length}.int8.opt.onnx"
             # from the finished graph: its weights carry their names in weights.bin, which the recipe uses
-            at_bucket = recipe.at_bucket(length, levers_up_to=max(searched_at))
-            write_int8_graph(onnx_dir / f"{length}.onnx", q_opt, at_bucket)
+            write_int8(length, onnx_dir / f"{length}.onnx", q_opt)
             q_entry = {"file": f"onnx/{length}.int8.onnx", **formulation_for(length, model.config.routing).as_dict()}
             q_entry.update(finish_graph(q_opt, onnx_dir / f"{length}.int8.onnx", weights))
             section["buckets"][str(length)]["int8"] = q_entry
@@ -569,10 +565,10 @@ def export_onnx(
                     done(length)
                 continue
             pending.append(length)
-            if recipe is None and set(searched_at) <= set(pending):
+            if write_int8 is None and set(searched_at) <= set(pending):
                 graphs = {b: onnx_dir / f"{b}.onnx" for b in searched_at}
-                recipe = plan_int8(graphs) if plan_int8 else Int8Recipe()
-            if recipe is not None:
+                write_int8 = plan_int8(graphs) if plan_int8 else default_int8
+            if write_int8 is not None:
                 for waiting in pending:
                     quantize_bucket(waiting)
                 pending.clear()
