@@ -186,7 +186,7 @@ class Int8Try(_Section):
     # the gate at the search's other buckets (`Int8Search.gated_at`); a try passes where every one passed
     gates_elsewhere: dict[int, GateMeasured] = Field(default_factory=dict)
     # the levers on the fp32 remainder this try took (export/int8_search.py, step 4; False in a dir written before)
-    ssm_convolutions: bool = False  # the Toeplitz SSM convolutions in int8 too
+    ssm_convolutions: bool = False  # the SSM convolutions in int8 too (every constant-left product)
     gelu_approximation: bool = False  # GELU in its tanh form
 
     @property

@@ -1074,7 +1074,7 @@ def test_every_weight_product_an_export_leaves_in_fp32_is_named_in_its_manifest(
 
 @pytest.mark.slow
 def test_the_search_tries_the_levers_on_the_chosen_recipe_last_and_the_graphs_carry_the_ones_it_kept(variant_exports):
-    """Step 4 of the int8 search: with the weight products settled, the Toeplitz SSM convolutions in int8
+    """Step 4 of the int8 search: with the weight products settled, the SSM convolutions in int8
     with GELU's tanh form, else the tanh GELU alone, each gated like any try; the first that passes is what
     the graphs are made with, and the manifest says which."""
     import onnx
