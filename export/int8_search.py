@@ -423,10 +423,9 @@ class Int8Plan:
     done: Callable[[int, LeverGate], object] | None = None
 
     def write(self, length: int, fp32_graph: Path, dst: Path) -> None:
-        if length <= max(self.record.gated_at) or not self.recipe.has_levers:
-            write_int8_graph(fp32_graph, dst, self.recipe)
-            return
         write_int8_graph(fp32_graph, dst, self.recipe)
+        if length <= max(self.record.gated_at) or not self.recipe.has_levers:
+            return  # the search's gate spoke for this bucket, or there is no lever to gate
         reference, variant = (ort_runner({length: _session(graph)}) for graph in (fp32_graph, dst))
         gate = measure_gate(self.tokenizer, length, self.head, reference, variant, self.thresholds)
         tried = LeverGate(ssm_convolutions=self.recipe.ssm_convolutions,

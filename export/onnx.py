@@ -286,10 +286,11 @@ def _quantize_dynamic(src: Path, dst: Path, recipe: Int8Recipe, per_channel: boo
 
     model = onnx.load(str(src), load_external_data=False)
     kept = [n.name for n in weight_products(model) if n.input[1] in recipe.fp32_weights]
-    convolutions = constant_left_matmuls(src)
     if recipe.ssm_convolutions:  # MatMulConstBOnly off below: only the products named here stay fp32
         constants = {init.name for init in model.graph.initializer}
         convolutions = [n.name for n in model.graph.node if n.op_type == "MatMul" and not constants & set(n.input)]
+    else:
+        convolutions = constant_left_matmuls(src)
     quantize_dynamic(
         str(src),
         str(dst),
