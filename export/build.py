@@ -254,7 +254,8 @@ def export_artifact(
     if precisions:
         from .gate import measure_variants
 
-        measure_variants(out_dir, manifest, precisions, job=job)
+        already = {"int8": searched[0].gated_graphs()} if searched else {}
+        measure_variants(out_dir, manifest, precisions, job=job, already=already)
         if "int8" in manifest.precisions and searched:
             manifest.precisions["int8"].search = searched[0]
     record_hashes(manifest, out_dir)

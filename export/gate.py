@@ -292,35 +292,53 @@ def measure_variant(
     variant: VariantRunner,
     thresholds: GateThresholds,
     buckets: list[int] | None = None,
-    done: Callable[[int, GateMeasured], object] | None = None,
+    done: Callable[[int, GateMeasured, bool], object] | None = None,
+    already: dict[int, GateMeasured] | None = None,
 ) -> dict[int, GateMeasured]:
     """The gate of one variant at each of `buckets` (default: every bucket of the dir), against `thresholds`:
-    what export records and what `bigs export --verify` measures again. `done(bucket, measured)` is
-    called as each bucket's gate is measured (the export's progress lines)."""
+    what export records and what `bigs export --verify` measures again. `already`: buckets whose graph, as
+    written, this export has measured on the same text (the int8 search's, `Int8Search.gated_graphs`): their
+    figures are taken as they are, judged against `thresholds`, not measured a second time. `done(bucket,
+    measured, again)` is called as each bucket's gate is in (`again`: measured now; the export's progress lines)."""
+    already = already or {}
     measured = {}
     for bucket in buckets or inputs.manifest.buckets:
-        measured[bucket] = measure_gate(
-            inputs.tokenizer, bucket, inputs.head, inputs.reference, variant.run, thresholds
-        )
+        if bucket in already:
+            measured[bucket] = already[bucket].model_copy(update={"failures": thresholds.failures(already[bucket])})
+        else:
+            measured[bucket] = measure_gate(
+                inputs.tokenizer, bucket, inputs.head, inputs.reference, variant.run, thresholds
+            )
         if done is not None:
-            done(bucket, measured[bucket])
+            done(bucket, measured[bucket], bucket not in already)
     return measured
 
 
-def gate_lines(progress: Progress, precision: str) -> Callable[[int, GateMeasured], object]:
+def gate_lines(progress: Progress, precision: str) -> Callable[[int, GateMeasured, bool], object]:
     """`done` for `measure_variant`: a progress line per bucket with the gate's verdict there."""
-    return lambda bucket, m: progress.step(f"{precision} gate bucket {bucket} {'passed' if m.passed else 'FAILED'}")
+    return lambda bucket, m, again: progress.step(
+        f"{precision} gate bucket {bucket} {'passed' if m.passed else 'FAILED'}"
+        + ("" if again else " (as the int8 search measured it)")
+    )
 
 
 def measure_variants(
-    export_dir, manifest: Manifest, precisions, thresholds: GateThresholds | None = None, job: Job | None = None
+    export_dir,
+    manifest: Manifest,
+    precisions,
+    thresholds: GateThresholds | None = None,
+    job: Job | None = None,
+    already: dict[str, dict[int, GateMeasured]] | None = None,
 ) -> None:
     """Measure each of `precisions` against the fp32 graphs on the gate's text and record it in
     `manifest.precisions` (and the gate's text and thresholds in `manifest.gate`). A variant that cannot
     run as itself here (bf16 without OpenVINO, or on a CPU without bf16) is not recorded, and export says why.
     Then time fp32 and every recorded variant per bucket with the same runners, on this CPU
     (`manifest.latency`, export/latency.py): what `auto` ranks the variants by on a CPU like this one.
-    `job`: where a progress line goes as each bucket's gate and the timing finish (none by default)."""
+    `job`: where a progress line goes as each bucket's gate and the timing finish (none by default).
+    `already`: per precision, the buckets this export has gated as written (`measure_variant`); at the int8
+    search's buckets and step 5's the export's final gate would measure the very graphs the search measured
+    (4–8 s a long bucket on two cores), so it records the search's figures there."""
     thresholds = thresholds or GateThresholds()
     job = job or Job("gate")
     manifest.gate = AccuracyGate(
@@ -337,9 +355,8 @@ def measure_variants(
         except VariantUnavailable as why:
             print(f"{precision} not recorded: {why}, so its accuracy cannot be measured here")
             continue
-        gate = measure_variant(
-            inputs, variant, thresholds, done=gate_lines(job.stage(len(manifest.buckets)), precision)
-        )
+        lines = gate_lines(job.stage(len(manifest.buckets)), precision)
+        gate = measure_variant(inputs, variant, thresholds, done=lines, already=(already or {}).get(precision))
         manifest.precisions[precision] = PrecisionVariant(
             runtime=variant.runtime,
             graphs=variant.graphs,

@@ -252,6 +252,16 @@ class Int8Search(_Section):
             return self.ssm_convolutions, self.gelu_approximation
         return False, False
 
+    def gated_graphs(self) -> dict[int, GateMeasured]:
+        """The gate of each bucket whose int8 graph, as written, the search itself measured: the chosen try's at
+        the buckets it gated (a try that failed at the first was gated no further), and step 5's where a longer
+        bucket kept the levers (one written again without them was not gated as written). The export records
+        these as the variant's gate there instead of measuring the same graph on the same text again."""
+        chosen = self.chosen
+        gated = {self.bucket: chosen.gate, **chosen.gates_elsewhere}
+        gated.update({b: tried.gate for b, tried in self.long_buckets.items() if tried.passed})
+        return dict(sorted(gated.items()))
+
     @property
     def chosen(self) -> Int8Try:
         """The try whose recipe the graphs were quantized with: `fp32` left in fp32, smoothed or not."""

@@ -619,6 +619,27 @@ def _tampered_copy(export_dir, tmp_path, change) -> Path:
 
 
 @pytest.mark.slow
+@pytest.mark.slow
+def test_the_final_gate_records_the_searchs_own_figures_where_it_gated_the_graph_as_written(variant_exports):
+    """The int8 search gates the chosen recipe's graphs at its buckets and step 5 gates each longer bucket's:
+    export records those figures rather than measuring the same graphs again (verify's test below measures
+    them afresh and gets them back)."""
+    from export.manifest import read_manifest
+
+    for name, export_dir in variant_exports.items():
+        variant = read_manifest(export_dir).precisions["int8"]
+        search = variant.search
+        gated = search.gated_graphs()
+        chosen = search.chosen
+        assert gated[search.bucket] == chosen.gate, name
+        assert all(gated[b] == m for b, m in chosen.gates_elsewhere.items()), name
+        for bucket, tried in search.long_buckets.items():  # kept: gated as written; refused: rewritten, not gated
+            assert (bucket in gated) == tried.passed, (name, bucket)
+        assert set(gated) <= set(VARIANT_BUCKETS), name
+        for bucket, measured in gated.items():
+            assert variant.gate[bucket] == measured, (name, bucket)
+
+
 def test_verify_measures_every_recorded_variants_gate_again_and_a_fresh_export_passes(variant_exports, capsys):
     from export.cpu import cpu_description
     from export.manifest import read_manifest
