@@ -318,7 +318,7 @@ def gate_lines(progress: Progress, precision: str) -> Callable[[int, GateMeasure
     """`done` for `measure_variant`: a progress line per bucket with the gate's verdict there."""
     return lambda bucket, m, again: progress.step(
         f"{precision} gate bucket {bucket} {'passed' if m.passed else 'FAILED'}"
-        + ("" if again else " (as the int8 search measured it)")
+        + ("" if again else " as the int8 search measured it")
     )
 
 
