@@ -41,6 +41,10 @@ Candidates (those the dir and this install have):
     ov-int8-blockwise  the ort-int8-blockwise graph: weights kept int8, activations quantized per token in
                        groups of 32 at run time (the plugin's dynamic quantization on VNNI and AMX CPUs,
                        DYNAMIC_QUANTIZATION_GROUP_SIZE, 32 by default)
+    ov-int8-nncf       NNCF's static int8 of the fp32 graph on OpenVINO, with NNCF's settings for a transformer
+                       (SmoothQuant, min-max ranges, bias correction), calibrated on the gate's text at the
+                       bucket (export/openvino_runtime.py `quantize_int8_nncf`); left out, and said so, where
+                       NNCF is not installed
 
 Timing: each cell is the median of --repeats runs after one warm-up, on full-length inputs with one mask
 position, the candidates alternating within each repeat so they all see the same background load; ms and
@@ -107,6 +111,8 @@ LEVERS = {
 
 # The int8 graphs of `_methods` that OpenVINO also runs (with --quantize): its column → the method whose graphs
 OPENVINO_METHODS = {"ov-int8-static": "ort-int8-static", "ov-int8-blockwise": "ort-int8-blockwise"}
+# With --quantize: NNCF's static int8 on OpenVINO, IR quantized here from each bucket's fp32 graph
+NNCF_METHOD = "ov-int8-nncf"
 
 
 @dataclass
@@ -183,7 +189,14 @@ def candidates(export_dir: Path, buckets: list[int], batch: int, work: Path, qua
 
     from export.gate import ORT_SPIN_WAIT, gate_batches, gate_inputs, ort_runner, ort_sessions
     from export.manifest import read_manifest
-    from export.openvino_runtime import compile_graph, effective_precision, load_compiled, openvino_available
+    from export.openvino_runtime import (
+        compile_graph,
+        effective_precision,
+        load_compiled,
+        nncf_available,
+        openvino_available,
+        quantize_int8_nncf,
+    )
 
     manifest = read_manifest(export_dir)
     vocab = manifest.model.vocab_size
@@ -201,17 +214,17 @@ def candidates(export_dir: Path, buckets: list[int], batch: int, work: Path, qua
     if any(manifest.onnx.buckets[b].int8 is not None for b in buckets):
         add_ort("ort-int8", ort_sessions(export_dir, manifest, "int8", buckets=buckets))
     made: dict[str, dict[int, Path]] = {}  # method → bucket → its int8 graph (with --quantize)
+    calibration: dict[int, list[dict[str, np.ndarray]]] = {}  # bucket → the gate's batches (with --quantize)
     if quantize:  # quantized here from the fp32 graphs, loaded with ORT's optimisations on
         tokenizer = gate_inputs(export_dir, manifest).tokenizer
         fill_mask = "fill-mask" in manifest.heads
+        for b in buckets:
+            calibration[b] = [{k: v for k, v in f.items() if k in names} for f in gate_batches(tokenizer, b, fill_mask)]
         for name, make in _methods().items():
             sessions = {}
             for b in buckets:
                 src, dst = export_dir / manifest.onnx.buckets[b].file, work / f"{b}.{name}.onnx"
-                calibration = [
-                    {k: v for k, v in f.items() if k in names} for f in gate_batches(tokenizer, b, fill_mask)
-                ]
-                make(src, dst, calibration)
+                make(src, dst, calibration[b])
                 made.setdefault(name, {})[b] = dst
                 options = ort.SessionOptions()
                 options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED
@@ -228,6 +241,13 @@ def candidates(export_dir: Path, buckets: list[int], batch: int, work: Path, qua
         for name, method in OPENVINO_METHODS.items():
             if method in made:  # at f32: the graph's own int8 products are what OpenVINO runs in int8
                 loaded[name] = {b: compile_graph(path, "fp32") for b, path in made[method].items()}
+        if quantize and nncf_available():
+            for b in buckets:
+                ir = work / f"{b}.{NNCF_METHOD}.xml"
+                quantize_int8_nncf(export_dir / manifest.onnx.buckets[b].file, ir, calibration[b])
+                loaded.setdefault(NNCF_METHOD, {})[b] = compile_graph(ir, "fp32")
+        elif quantize:
+            found.left_out[NNCF_METHOD] = "NNCF is not installed (pip install nncf)"
         for name, compiled in loaded.items():
             found.timed[name] = {b: (lambda c=c, f=feeds[b]: c.run(f)) for b, c in compiled.items()}
             found.run[name] = lambda bucket, f, compiled=compiled: compiled[bucket].run(f)

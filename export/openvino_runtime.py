@@ -100,6 +100,31 @@ def share_weights(model, arrays: dict[str, np.ndarray]) -> int:
     return swapped
 
 
+def nncf_available() -> bool:
+    try:
+        import nncf  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def quantize_int8_nncf(src: str | Path, dst: str | Path, calibration: list[dict[str, np.ndarray]]) -> None:
+    """Static int8 by NNCF on OpenVINO, written as OpenVINO IR (`dst` .xml, its weights in the .bin beside):
+    the ONNX graph `src` read by OpenVINO, then `nncf.quantize` with NNCF's own settings for a transformer
+    (SmoothQuant on the MatMuls, then min-max ranges per tensor and fast bias correction), calibrated on every
+    row of `calibration` (bench/precision.py: the gate's real text at the bucket, the most favourable
+    calibration). The library the int8 variant was weighed against (docs/DESIGN.md §1.3); measured by
+    bench/precision.py, not written by `bigs export`."""
+    import nncf
+    import openvino as ov
+
+    model = ov.Core().read_model(str(src))
+    names = {port.get_any_name() for port in model.inputs}
+    rows = [{k: v[r : r + 1] for k, v in feeds.items() if k in names} for feeds in calibration for r in range(len(feeds["input_ids"]))]  # fmt: skip
+    quantized = nncf.quantize(model, nncf.Dataset(rows), model_type=nncf.ModelType.TRANSFORMER, subset_size=len(rows))
+    ov.save_model(quantized, str(dst))
+
+
 def compile_graph(
     path: str | Path, precision: str = "bf16", threads: int | None = None, core=None, weights=None
 ) -> CompiledBucket:
