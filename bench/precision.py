@@ -241,13 +241,14 @@ def candidates(export_dir: Path, buckets: list[int], batch: int, work: Path, qua
         for name, method in OPENVINO_METHODS.items():
             if method in made:  # at f32: the graph's own int8 products are what OpenVINO runs in int8
                 loaded[name] = {b: compile_graph(path, "fp32") for b, path in made[method].items()}
-        if quantize and nncf_available():
+        if quantize and not nncf_available():
+            found.left_out[NNCF_METHOD] = "NNCF is not installed (pip install nncf)"
+        elif quantize:  # IR quantized here; at f32 its own int8 products are what OpenVINO runs in int8
+            loaded[NNCF_METHOD] = {}
             for b in buckets:
                 ir = work / f"{b}.{NNCF_METHOD}.xml"
                 quantize_int8_nncf(export_dir / manifest.onnx.buckets[b].file, ir, calibration[b])
-                loaded.setdefault(NNCF_METHOD, {})[b] = compile_graph(ir, "fp32")
-        elif quantize:
-            found.left_out[NNCF_METHOD] = "NNCF is not installed (pip install nncf)"
+                loaded[NNCF_METHOD][b] = compile_graph(ir, "fp32")
         for name, compiled in loaded.items():
             found.timed[name] = {b: (lambda c=c, f=feeds[b]: c.run(f)) for b, c in compiled.items()}
             found.run[name] = lambda bucket, f, compiled=compiled: compiled[bucket].run(f)

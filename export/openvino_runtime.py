@@ -26,6 +26,7 @@ from two threads, and one OpenVINO infer request must not run two inferences at 
 
 from __future__ import annotations
 
+import importlib
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -38,12 +39,16 @@ from .manifest import Manifest, read_manifest
 INFERENCE_PRECISION = {"fp32": "f32", "bf16": "bf16"}
 
 
-def openvino_available() -> bool:
+def _importable(module: str) -> bool:
     try:
-        import openvino  # noqa: F401
+        importlib.import_module(module)
     except ImportError:
         return False
     return True
+
+
+def openvino_available() -> bool:
+    return _importable("openvino")
 
 
 @dataclass
@@ -101,11 +106,7 @@ def share_weights(model, arrays: dict[str, np.ndarray]) -> int:
 
 
 def nncf_available() -> bool:
-    try:
-        import nncf  # noqa: F401
-    except ImportError:
-        return False
-    return True
+    return _importable("nncf")
 
 
 def quantize_int8_nncf(src: str | Path, dst: str | Path, calibration: list[dict[str, np.ndarray]]) -> None:

@@ -619,7 +619,6 @@ def _tampered_copy(export_dir, tmp_path, change) -> Path:
 
 
 @pytest.mark.slow
-@pytest.mark.slow
 def test_the_final_gate_records_the_searchs_own_figures_where_it_gated_the_graph_as_written(variant_exports):
     """The int8 search gates the chosen recipe's graphs at its buckets and step 5 gates each longer bucket's:
     export records those figures rather than measuring the same graphs again (verify's test below measures
@@ -640,6 +639,7 @@ def test_the_final_gate_records_the_searchs_own_figures_where_it_gated_the_graph
             assert variant.gate[bucket] == measured, (name, bucket)
 
 
+@pytest.mark.slow
 def test_verify_measures_every_recorded_variants_gate_again_and_a_fresh_export_passes(variant_exports, capsys):
     from export.cpu import cpu_description
     from export.manifest import read_manifest
