@@ -39,6 +39,8 @@ from pathlib import Path
 from export.integrity import require_intact, stale_reason
 from export.manifest import MANIFEST, Manifest, ManifestError, read_manifest
 
+from .collector import collect_after_switch
+
 log = logging.getLogger("bigs")
 
 # The export's own progress lines (export/progress.py) start with this; they are passed on to the log.
@@ -214,6 +216,7 @@ class BackgroundExports:
         if self.verify_hashes:
             require_intact(job.target, manifest)
         how = job.switch(job.target, manifest)
+        collect_after_switch()  # the engine it replaced is freed even if it held a cycle
         log.info("%s: now served from its export %s (%s); exported in %.0f s, switched in %.1f s", job.name,
                  job.target, how, exported_s, time.perf_counter() - began - exported_s)  # fmt: skip
         return "switched"

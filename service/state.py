@@ -20,6 +20,7 @@ from export.integrity import IntegrityError
 from export.progress import Job, phases, seconds
 
 from .admission import Admission
+from .collector import keep_startup_out_of_the_collector
 from .engine import ModelEngine
 from .errors import ServiceError
 from .metrics import ServiceMetrics
@@ -178,6 +179,7 @@ class ServiceState:
         """After loading, on the event loop: the batchers' lanes run and requests are admitted."""
         for engine in self.models.values():
             engine.start()
+        keep_startup_out_of_the_collector()
         self.ready = not self.stopping
         self.admission.open = self.ready
         if self.ready and self.pending_exports:
