@@ -2,8 +2,8 @@
 the collector's full walks, so that a walk no longer holds every request.
 
 A full collection walks every tracked object while holding the GIL, so it holds the event loop and
-every lane with it. With torch, transformers and ONNX Runtime imported, the service holds ~250k such
-objects once its models are loaded; the walk took 0.2 s on an idle AVX2 EPYC, and a 4 MB request of
+every lane with it. The service's imports alone (torch, transformers, ONNX Runtime) leave ~242k such
+objects, and one walk over them took 0.2 s on an idle AVX2 EPYC; and a 4 MB request of
 1,024 small objects, whose parse sets off a full collection, held /health 0.4-0.8 s. `gc.freeze` moves
 them to a generation the collector never walks; what requests allocate is collected as before.
 """
