@@ -221,6 +221,26 @@ def ort_runner(sessions) -> RunBatch:
     return run
 
 
+def remembered(run: RunBatch) -> RunBatch:
+    """`run`, answering a (bucket, feeds) it has answered before from memory. The int8 search gates every
+    try against the same fp32 graphs on the same batches (`gate_batches` is deterministic), so fp32's
+    answers are computed once, not once a try: 2-3 s a try at 512 tokens on 2 cores. What is kept is
+    what `measure_gate` compares: embeddings and logits, a fill-mask model's ~0.35 GB at 128 and 512
+    tokens (the vocabulary's logits at every masked position), freed with the runner."""
+    answers: dict[tuple, Outputs] = {}
+
+    def run_once(bucket: int, feeds: dict[str, np.ndarray]) -> Outputs:
+        key = (
+            bucket,
+            *((name, value.shape, hashlib.sha256(value.tobytes()).digest()) for name, value in sorted(feeds.items())),
+        )
+        if key not in answers:
+            answers[key] = run(bucket, feeds)
+        return answers[key]
+
+    return run_once
+
+
 class VariantUnavailable(Exception):
     """A variant that cannot run as itself on this machine (the message says why): bf16 where OpenVINO is
     not installed, or where OpenVINO would run the graphs at f32 because the CPU has no bf16 instructions."""

@@ -76,7 +76,7 @@ import onnx
 import onnxruntime as ort
 from onnx import numpy_helper
 
-from .gate import RunBatch, gate_batches, measure_gate, ort_runner
+from .gate import RunBatch, gate_batches, measure_gate, ort_runner, remembered
 from .heads import primary_head
 from .manifest import Fp32Product, GateThresholds, Int8Search, Int8Try, LeverGate
 from .onnx import Int8Recipe, weight_products, write_int8_graph
@@ -302,7 +302,7 @@ def search_int8(
     # alone, then every bucket's; the steps that leave products in fp32 use the last.
     every = tuple(sorted(graphs))
     factors = {(bucket,): ranking.smoothing_here, every: ranking.smoothing}
-    references = {b: ort_runner({b: _session(graph)}) for b, graph in graphs.items()}
+    references = {b: remembered(ort_runner({b: _session(graph)})) for b, graph in graphs.items()}  # fp32 once
     total_macs = sum(r.macs for r in plain) or 1
     # by (calibrated at, () unsmoothed; count left fp32; the levers taken, () none)
     tries: dict[tuple[tuple[int, ...], int, tuple[str, ...]], Int8Try] = {}

@@ -111,20 +111,27 @@ def reference_outputs(
     encoder (BiGSModel, an embedding model) has no logits: {"embeddings"} only."""
     embedding = embedding if embedding is not None else SentenceEmbedding()
     ids, mask, types = (torch.from_numpy(inputs[k]) for k in SEQUENCE_INPUTS)
-    hidden = model.base_model(ids, attention_mask=mask, token_type_ids=types, return_dict=True).last_hidden_state
-    out = {"embeddings": embedding(hidden, mask).numpy()}
     if isinstance(model, BiGSModel):
-        return out
-    if isinstance(model, BiGSForMaskedLM):
-        positions = torch.from_numpy(inputs[MASK_POSITIONS])
-        logits = model(ids, attention_mask=mask, token_type_ids=types, logits_positions=positions).logits
-    elif isinstance(model, BiGSForQuestionAnswering):  # the head's one output: (B, L, 2), start then end
-        spans = model(ids, attention_mask=mask, token_type_ids=types)
-        logits = torch.stack([spans.start_logits, spans.end_logits], dim=-1)
-    else:
-        logits = model(ids, attention_mask=mask, token_type_ids=types).logits
-    out["logits"] = logits.numpy()
-    return out
+        hidden = model(ids, attention_mask=mask, token_type_ids=types, return_dict=True).last_hidden_state
+        return {"embeddings": embedding(hidden, mask).numpy()}
+    # The embeddings read the encoder's last hidden state on the head's own pass: the float64-kernel
+    # encoder is most of an export's reference time at long buckets, so it runs once per case, not twice.
+    encoder_states: list[torch.Tensor] = []
+    keep_states = lambda _module, _args, output: encoder_states.append(output.last_hidden_state)
+    hook = model.base_model.register_forward_hook(keep_states)
+    try:
+        if isinstance(model, BiGSForMaskedLM):
+            positions = torch.from_numpy(inputs[MASK_POSITIONS])
+            logits = model(ids, attention_mask=mask, token_type_ids=types, logits_positions=positions).logits
+        elif isinstance(model, BiGSForQuestionAnswering):  # the head's one output: (B, L, 2), start then end
+            spans = model(ids, attention_mask=mask, token_type_ids=types)
+            logits = torch.stack([spans.start_logits, spans.end_logits], dim=-1)
+        else:
+            logits = model(ids, attention_mask=mask, token_type_ids=types).logits
+    finally:
+        hook.remove()
+    (hidden,) = encoder_states
+    return {"embeddings": embedding(hidden, mask).numpy(), "logits": logits.numpy()}
 
 
 def references(

@@ -34,7 +34,7 @@ from export.modules import (
     frozen_ssms,
 )
 from export.onnx_runtime import load_sessions, map_weights
-from export.parity import error_ratio
+from export.parity import error_ratio, reference_outputs
 from export.stablehlo_runtime import load_stablehlo
 from model import BiGSConfig, BiGSForMaskedLM, BiGSForSequenceClassification
 from model.modeling_bigs import mean_pool
@@ -180,6 +180,26 @@ def test_a_broken_chunk_carry_is_visible_at_the_tolerance():
         broken = wrapper(*args)[0].numpy()
     assert np.abs(good - expected).max() < TOLERANCE
     assert np.abs(broken - expected).max() > 100 * TOLERANCE
+
+
+@pytest.mark.parametrize("cls", [BiGSForMaskedLM, BiGSForSequenceClassification])
+def test_the_parity_reference_runs_the_encoder_once_per_case_and_its_embeddings_are_the_encoders(cls):
+    """The export's torch reference (export/parity.py) takes the embeddings from the head's own pass:
+    the same numbers as the bare encoder's, for one encoder pass instead of two."""
+    model = make_model(cls, num_labels=2) if cls is BiGSForSequenceClassification else make_model(cls)
+    feeds = padded_inputs([100, 37, 1], 128, model.config.vocab_size, positions=3, seed=5)
+    passes = []
+    hook = model.base_model.register_forward_hook(lambda *_: passes.append(1))
+    try:
+        got = reference_outputs(model, feeds)
+    finally:
+        hook.remove()
+    assert len(passes) == 1
+    logits, embeddings = torch_reference(model, feeds)
+    np.testing.assert_array_equal(got["embeddings"], embeddings)
+    if cls is BiGSForMaskedLM:
+        logits = gather_positions(logits, feeds["mask_positions"])
+    np.testing.assert_array_equal(got["logits"], logits)
 
 
 def test_default_buckets_are_capped_at_the_model_length():

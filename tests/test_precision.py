@@ -368,6 +368,30 @@ def test_the_gate_compares_per_token_heads_at_real_tokens_only():
     assert answer_scores("classification", tokens[:, 0], feeds, None).shape == (2, 3)
 
 
+def test_a_remembered_runner_answers_each_batch_once_and_tells_different_batches_apart():
+    """The int8 search's fp32 reference (export/gate.py `remembered`): every try is gated on the same
+    batches, so fp32 runs each once; a batch differing in one token, or the same batch at another bucket,
+    is run again."""
+    from export.gate import remembered
+
+    calls = []
+
+    def run(bucket, feeds):
+        calls.append(bucket)
+        return {"embeddings": feeds["input_ids"].astype(np.float32) * bucket}
+
+    feeds = {"input_ids": np.arange(8).reshape(2, 4), "attention_mask": np.ones((2, 4), np.int64)}
+    once = remembered(run)
+    first = once(128, feeds)
+    again = once(128, {k: v.copy() for k, v in feeds.items()})
+    assert calls == [128] and again is first
+    changed = dict(feeds, input_ids=feeds["input_ids"].copy())
+    changed["input_ids"][1, 3] = 99
+    assert once(128, changed)["embeddings"][1, 3] == 99 * 128
+    assert once(512, feeds)["embeddings"][0, 1] == 512
+    assert calls == [128, 128, 512]
+
+
 # -- exported variants ----------------------------------------------------------------------------
 
 VARIANT_BUCKETS = [128, 512, 1024]  # the search gates at 128 and 512; 1,024 is chunked, its levers gated there (step 5)
