@@ -21,6 +21,7 @@ read through `from_pretrained` (torch) and the safetensors keys (Flax).
 from __future__ import annotations
 
 import shutil
+import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -296,13 +297,18 @@ def plan_int8(out_dir: Path, manifest: Manifest, graphs: dict[int, Path], job: J
         f"gate {'passed' if t.passed else 'FAILED'}"
     )
     head = primary_head(manifest.model.architecture)
-    recipe, record = search_int8(graphs, tokenizer, head, GateThresholds(), done=done)
+    workspace = tempfile.TemporaryDirectory(prefix="bigs-int8-searched-")  # removed with the plan
+    recipe, record, searched_graphs = search_int8(
+        graphs, tokenizer, head, GateThresholds(), done=done, keep=Path(workspace.name)
+    )
     searched.append(record)
     long_bucket = lambda bucket, tried: job.emit(
         f"{job.name}: int8 at bucket {bucket}{levers(tried)}: gate {'passed, kept' if tried.passed else 'FAILED'}"
         + ("" if tried.passed else ", written without them")
     )
-    return Int8Plan(recipe, record, tokenizer, head, GateThresholds(), done=long_bucket).write
+    return Int8Plan(
+        recipe, record, tokenizer, head, GateThresholds(), long_bucket, searched_graphs, workspace=workspace
+    ).write
 
 
 def describe_artifact(

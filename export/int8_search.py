@@ -51,7 +51,9 @@ to 512 (32 sequences a bucket; fewer beyond):
    sequences), keeps it where it passes and writes it again without them where it fails; each such gate
    is recorded (`Int8Search.long_buckets`). There the SSM lever takes the chunked form's products (its
    (c, c), (2N, c), (c, 2N) and carry constants): at 4,096 tokens on the AVX2-only EPYC, 83 ms of SSM
-   products in int8 (their quantization included) against 108 in fp32, on bigs-mini-news.
+   products in int8 (their quantization included) against 108 in fp32, on bigs-mini-news. The search's
+   own buckets are written from the graphs the chosen try gated (`search_int8`'s `keep`): the same
+   function of the same graph and recipe, so not quantized a second time.
 
 Every try, and each product left in fp32 with why (its rank and error) and what it costs (its share of
 the weight products' multiply-adds, which stay fp32), is recorded in the manifest
@@ -66,9 +68,10 @@ ranking is one numpy pass.
 
 from __future__ import annotations
 
+import shutil
 import tempfile
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -79,7 +82,7 @@ from onnx import numpy_helper
 from .gate import RunBatch, gate_batches, measure_gate, ort_runner, remembered
 from .heads import primary_head
 from .manifest import Fp32Product, GateThresholds, Int8Search, Int8Try, LeverGate
-from .onnx import Int8Recipe, weight_products, write_int8_graph
+from .onnx import Int8Recipe, copy_graph, weight_products, write_int8_graph
 
 RANKING_BATCHES = 4  # of the gate's batches at the first search bucket: 16 sequences
 SECOND_SEARCH_BUCKET_MAX = 512  # the second bucket gated: the longest up to this (module docstring)
@@ -284,10 +287,13 @@ def search_int8(
     thresholds: GateThresholds | None = None,
     recipe: Int8Recipe | None = None,
     done: Callable[[Int8Try], object] | None = None,
-) -> tuple[Int8Recipe, Int8Search]:
+    keep: Path | None = None,
+) -> tuple[Int8Recipe, Int8Search, dict[int, Path]]:
     """The recipe of the fewest products left in fp32 (among the tries) whose int8 graphs of `graphs` (the
-    finished fp32 graph of each search bucket, `search_buckets`) pass the gate at every one of them, and
-    the search's record; ranked at the shortest. `recipe`: how
+    finished fp32 graph of each search bucket, `search_buckets`) pass the gate at every one of them, the
+    search's record, and where in `keep` it left the chosen recipe's graph of each search bucket as it gated
+    it ({bucket: path}; none without `keep`, or where no try passed), so that export does not quantize them
+    again (`Int8Plan`); ranked at the shortest. `recipe`: how
     the rest is quantized (default `Int8Recipe()`). `done(try)` after each try (export's progress lines).
     Where no try passes, the last (the most left in fp32) is the recipe, and the record says so: the
     variant then fails its gate there and is not served at that bucket."""
@@ -306,6 +312,7 @@ def search_int8(
     total_macs = sum(r.macs for r in plain) or 1
     # by (calibrated at, () unsmoothed; count left fp32; the levers taken, () none)
     tries: dict[tuple[tuple[int, ...], int, tuple[str, ...]], Int8Try] = {}
+    gated_graphs: dict[tuple, Path] = {}  # by the same key: the dir of a passing try's graphs
 
     def ranked_for(calibrated_at: tuple[int, ...]) -> list[RankedProduct]:
         return by_smoothed if calibrated_at else plain
@@ -321,8 +328,10 @@ def search_int8(
             lever = lever or {}
             tried = replace(recipe_of(calibrated_at, count), **lever)
             gates = {}
+            work = Path(tmp) / f"try-{len(tries)}"
+            work.mkdir()
             for b, graph in graphs.items():  # the shortest first: a try that fails there is not gated further
-                run = _int8_runner(graph, b, tried, Path(tmp))
+                run = _int8_runner(graph, b, tried, work)
                 gates[b] = measure_gate(tokenizer, b, head, references[b], run, thresholds)
                 if not gates[b].passed:
                     break
@@ -338,6 +347,10 @@ def search_int8(
                 ssm_convolutions=tried.ssm_convolutions,
                 gelu_approximation=tried.gelu_approximation,
             )
+            if tries[key].passed:
+                gated_graphs[key] = work
+            else:
+                shutil.rmtree(work)
             if done is not None:
                 done(tries[key])
             return tries[key].passed
@@ -367,11 +380,17 @@ def search_int8(
                 failed = middle
         # none passed: the last calibration's try with the most left in fp32
         count = passing if passing is not None else max(c for at, c, _ in tries if at == calibrated_at)
-        chosen = recipe_of(calibrated_at, count)
+        chosen, taken = recipe_of(calibrated_at, count), {}
         for lever in LEVER_TRIES if passing is not None else ():  # step 4, on a recipe that passed
             if attempt(calibrated_at, count, lever):
-                chosen = replace(chosen, **lever)
+                chosen, taken = replace(chosen, **lever), lever
                 break
+        kept = {}
+        chosen_graphs = gated_graphs.get((calibrated_at, count, tuple(sorted(taken))))
+        if keep is not None and chosen_graphs is not None:
+            for b in graphs:
+                kept[b] = keep / f"{b}.int8.onnx"
+                copy_graph(chosen_graphs / _INT8_GRAPH.format(bucket=b), kept[b])
     ranked = ranked_for(calibrated_at)
     why = (
         f"left fp32 for the gate at buckets {', '.join(map(str, sorted(graphs)))} to pass"
@@ -405,7 +424,7 @@ def search_int8(
         ssm_convolutions=chosen.ssm_convolutions,
         gelu_approximation=chosen.gelu_approximation,
     )
-    return chosen, record
+    return chosen, record, kept
 
 
 @dataclass
@@ -421,8 +440,15 @@ class Int8Plan:
     head: str
     thresholds: GateThresholds
     done: Callable[[int, LeverGate], object] | None = None
+    # the search's own graphs of its buckets, by the chosen recipe (`search_int8`'s third answer): written as
+    # they are, not quantized again (the same function of the same graph and recipe would give them back)
+    searched_graphs: dict[int, Path] = field(default_factory=dict)
+    workspace: object = None  # what keeps `searched_graphs`' dir until the plan is let go (a TemporaryDirectory)
 
     def write(self, length: int, fp32_graph: Path, dst: Path) -> None:
+        if length in self.searched_graphs:
+            copy_graph(self.searched_graphs.pop(length), dst)
+            return
         write_int8_graph(fp32_graph, dst, self.recipe)
         if length <= max(self.record.gated_at) or not self.recipe.has_levers:
             return  # the search's gate spoke for this bucket, or there is no lever to gate
@@ -447,9 +473,13 @@ def _session(path: Path) -> ort.InferenceSession:
     return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
 
 
+_INT8_GRAPH = "{bucket}.int8.opt.onnx"  # a try's graph of one bucket, in its own dir
+
+
 def _int8_runner(graph: Path, bucket: int, recipe: Int8Recipe, work: Path) -> RunBatch:
-    """`graph` quantized by `recipe` and optimised as export writes it (export/onnx.py), on ORT."""
-    optimized = work / f"{bucket}.int8.opt.onnx"
+    """`graph` quantized by `recipe` and optimised as export writes it (export/onnx.py), on ORT; written to
+    `work` (`_INT8_GRAPH`)."""
+    optimized = work / _INT8_GRAPH.format(bucket=bucket)
     write_int8_graph(graph, optimized, recipe)
     return ort_runner({bucket: _session(optimized)})
 

@@ -281,6 +281,11 @@ def write_int8_graph(src: Path, dst: Path, recipe: Int8Recipe) -> None:
         ort_optimize(raw, dst, recipe.gelu_approximation)
 
 
+def copy_graph(src: Path, dst: Path) -> None:
+    """The graph `src` (its weights in external data beside it) written to `dst`, weights in `dst`.data."""
+    onnx.save(onnx.load(str(src)), str(dst), save_as_external_data=True, location=f"{dst.name}.data")
+
+
 def _quantize_dynamic(src: Path, dst: Path, recipe: Int8Recipe, per_channel: bool | None) -> None:
     from onnxruntime.quantization import QuantType, quantize_dynamic
 

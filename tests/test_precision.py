@@ -1181,7 +1181,7 @@ def test_the_search_leaves_the_products_of_largest_int8_error_in_fp32_until_the_
 
     recorded = manifest.precisions["int8"].search.tries[0].gate  # everything int8, default thresholds
     strict = halfway_to_1(recorded.embedding_cosine_min)
-    _, search = search_int8(graphs, tokenizer, head, strict)
+    _, search, _ = search_int8(graphs, tokenizer, head, strict)
     # everything int8 unsmoothed first, then everything int8 smoothed with the first bucket's factors
     assert [(t.calibrated_at, t.fp32_products) for t in search.tries[:2]] == [([], 0), ([128], 0)]
     assert not search.tries[0].passed and not search.tries[0].smoothed and search.tries[1].smoothed
@@ -1190,7 +1190,7 @@ def test_the_search_leaves_the_products_of_largest_int8_error_in_fp32_until_the_
     for _ in range(3):
         all_int8 = [t.gate.embedding_cosine_min for t in search.tries if t.smoothed and t.fp32_products == 0]
         bar = halfway_to_1(max(all_int8), at_least=bar.embedding_cosine_min)
-        recipe, search = search_int8(graphs, tokenizer, head, bar)
+        recipe, search, _ = search_int8(graphs, tokenizer, head, bar)
         if search.fp32:
             break
 
@@ -1312,7 +1312,7 @@ def test_when_no_try_passes_the_search_says_so_and_auto_never_serves_the_variant
     export_dir = variant_exports["mlm"]
     manifest = read_manifest(export_dir)
     impossible = GateThresholds(embedding_cosine_min=1.5)  # no graph but fp32 itself reaches it
-    _, search = search_int8({128: export_dir / manifest.onnx.graph(128).file}, tokenizer,
+    _, search, _ = search_int8({128: export_dir / manifest.onnx.graph(128).file}, tokenizer,
                             primary_head(manifest.model.architecture), impossible)  # fmt: skip
     assert not search.passed and not any(t.passed for t in search.tries) and len(search.tries) <= MAX_TRIES
     assert all("still failed" in product.why for product in search.fp32)
@@ -1500,3 +1500,50 @@ def test_a_longer_bucket_whose_own_gate_refuses_the_levers_is_written_without_th
     assert "FastGelu" not in written and "MatMul" in written  # the chunked SSM products fp32 again
     write_int8_graph(fp32[1024], tmp_path / "plain.onnx", recipe.without_levers())
     assert written == ops(tmp_path / "plain.onnx")
+
+
+@pytest.mark.slow
+def test_the_search_buckets_int8_graphs_are_written_as_the_search_gated_them_not_quantized_again(
+    variant_exports, tokenizer, tmp_path, monkeypatch
+):
+    """The int8 search leaves the chosen recipe's graph of each bucket it gated (`search_int8(keep=…)`), and
+    export's `Int8Plan` writes those buckets from them: the same graph the recipe gives afresh, without a
+    second quantization."""
+    import onnx
+    from onnx import numpy_helper
+
+    import export.int8_search as int8_search
+    from export.heads import primary_head
+    from export.int8_search import Int8Plan, search_buckets, search_int8
+    from export.manifest import GateThresholds, read_manifest
+    from export.onnx import write_int8_graph
+
+    export_dir = variant_exports["cls"]
+    manifest = read_manifest(export_dir)
+    graphs = {b: export_dir / manifest.onnx.graph(b).file for b in search_buckets(manifest.buckets)}
+    head = primary_head(manifest.model.architecture)
+    (tmp_path / "kept").mkdir()
+    recipe, record, kept = search_int8(graphs, tokenizer, head, GateThresholds(), keep=tmp_path / "kept")
+    assert record.passed and sorted(kept) == sorted(graphs)
+    for bucket, graph in graphs.items():
+        write_int8_graph(graph, tmp_path / f"fresh-{bucket}.onnx", recipe)
+
+    def quantized_again(*_):
+        raise AssertionError("a bucket the search gated was quantized again")
+
+    monkeypatch.setattr(int8_search, "write_int8_graph", quantized_again)
+    plan = Int8Plan(recipe, record, tokenizer, head, GateThresholds(), searched_graphs=dict(kept))
+
+    def contents(path):
+        model = onnx.load(str(path))
+        nodes = [(n.op_type, list(n.input), list(n.output)) for n in model.graph.node]
+        return nodes, {i.name: numpy_helper.to_array(i) for i in model.graph.initializer}
+
+    for bucket, graph in graphs.items():
+        plan.write(bucket, graph, tmp_path / f"written-{bucket}.onnx")
+        (nodes, weights), (fresh_nodes, fresh_weights) = (
+            contents(tmp_path / f"{name}-{bucket}.onnx") for name in ("written", "fresh")
+        )
+        assert nodes == fresh_nodes and sorted(weights) == sorted(fresh_weights), bucket
+        for name, array in weights.items():
+            np.testing.assert_array_equal(array, fresh_weights[name], err_msg=f"{bucket}: {name}")
