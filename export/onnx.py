@@ -6,6 +6,8 @@ Per bucket (fixed L, dynamic batch):
      LayerNormalization, MatMul/Gemm on the weights, no Constant/Identity clutter. (The TorchScript
      exporter, dynamo=False, also works but decomposes GELU into Erf arithmetic and scatters Constant
      and Identity nodes.) Complex tensors never reach it: the kernels are precomputed constants.
+     The buckets beyond those the int8 search gates at are traced meanwhile in a child process
+     (export/tracing.py): tracing is single-threaded, and the search beside it leaves a core idle.
   2. ORT offline graph optimisation (`ORT_ENABLE_EXTENDED`: constant folding, bias-GELU, skip-
      LayerNorm, MatMul fusions), saved. The service then loads with optimisation disabled
      (`SESSION_OPTIONS`), so no per-session transform can make private copies of the weights.
@@ -528,6 +530,7 @@ def export_onnx(
     recipe `plan_int8` returns once the graphs of the buckets it searches at are written (the default
     recipe without it); the buckets before that are quantized then."""
     from .int8_search import search_buckets
+    from .tracing import traced_ahead
 
     onnx_dir.mkdir(parents=True, exist_ok=True)
     weights = WeightsFileWriter(onnx_dir / WEIGHTS_FILE)
@@ -541,7 +544,12 @@ def export_onnx(
     write_int8: WriteInt8 | None = None
     searched_at = search_buckets(buckets)
     pending: list[int] = []  # buckets whose fp32 graph is written, waiting for the int8 recipe
-    with tempfile.TemporaryDirectory(prefix="bigs-onnx-") as tmp:
+    longer = [b for b in sorted(buckets) if b > max(searched_at)]  # traced in a child meanwhile (export/tracing.py)
+    with (
+        tempfile.TemporaryDirectory(prefix="bigs-onnx-") as tmp,
+        tempfile.TemporaryDirectory(prefix="bigs-onnx-ahead-") as ahead_dir,
+        traced_ahead(model, embedding, longer, Path(ahead_dir)) as ahead,
+    ):
         tmp = Path(tmp)
 
         def quantize_bucket(length: int) -> None:
@@ -559,8 +567,13 @@ def export_onnx(
         for length in sorted(buckets):
             formulation = formulation_for(length, model.config.routing)
             raw, optimized = tmp / f"{length}.raw.onnx", tmp / f"{length}.opt.onnx"
-            torch_to_onnx(model, length, formulation, raw, embedding)
+            if ahead is not None and length in ahead:
+                raw = ahead.raw_graph(length)
+            else:
+                torch_to_onnx(model, length, formulation, raw, embedding)
             ort_optimize(raw, optimized)
+            for f in raw.parent.glob(f"{raw.name}*"):  # the raw graph and its weights: optimised, not needed
+                os.remove(f)
             entry = {"file": f"onnx/{length}.onnx", **formulation.as_dict()}
             entry.update(finish_graph(optimized, onnx_dir / f"{length}.onnx", weights))
             section["buckets"][str(length)] = entry

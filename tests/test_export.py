@@ -202,6 +202,96 @@ def test_the_parity_reference_runs_the_encoder_once_per_case_and_its_embeddings_
     np.testing.assert_array_equal(got["logits"], logits)
 
 
+@pytest.mark.slow
+def test_long_buckets_traced_in_a_child_process_answer_as_the_model_does(tmp_path, monkeypatch):
+    """export/tracing.py: the buckets beyond the int8 search's are traced in a spawned child while the export
+    works on the short ones; each graph it traced answers as the torch model does, padded and not."""
+    import onnxruntime as ort
+
+    import export.tracing as tracing
+    from export.onnx import export_onnx
+
+    model = make_model(max_position_embeddings=2048)
+    from_child = []
+    take = tracing.TracedAhead.raw_graph
+    monkeypatch.setattr(tracing.TracedAhead, "raw_graph", lambda self, n: from_child.append(n) or take(self, n))
+    export_onnx(model, [128, 512, 1024, 2048], tmp_path / "onnx")
+    assert from_child == [1024, 2048]
+    for bucket in (128, 1024, 2048):
+        session = ort.InferenceSession(str(tmp_path / "onnx" / f"{bucket}.onnx"), providers=["CPUExecutionProvider"])
+        feeds = padded_inputs([bucket, bucket // 2 + 1, 7], bucket, model.config.vocab_size, seed=bucket)
+        full, embeddings = torch_reference(model, feeds)
+        logits, got_embeddings = run_onnx(session, feeds)
+        assert np.abs(logits - gather_positions(full, feeds["mask_positions"])).max() < TOLERANCE, bucket
+        assert np.abs(got_embeddings - embeddings).max() < TOLERANCE, bucket
+
+
+@pytest.mark.slow
+def test_a_bucket_the_child_cannot_trace_fails_the_export_with_the_childs_error(tmp_path):
+    from export.tracing import TracedAhead
+
+    model = make_model()
+    ahead = TracedAhead(model, None, [1024, 512], tmp_path / "no such dir")  # nowhere to write the graphs
+    try:
+        with pytest.raises(RuntimeError, match="tracing bucket 1024 in the child process failed"):
+            ahead.raw_graph(1024)
+    finally:
+        ahead.close()
+    assert not ahead.child.is_alive()
+
+
+PARENT_OF_A_TRACING_CHILD = """
+import sys, time
+sys.path[:0] = [sys.argv[1], sys.argv[1] + "/tests"]
+from pathlib import Path
+from test_export import make_model
+from export.tracing import TracedAhead
+lengths = list(range(1024, 4097, 128))  # minutes of tracing: the child cannot simply run out of work
+ahead = TracedAhead(make_model(max_position_embeddings=4096), None, lengths, Path(sys.argv[2]))
+if sys.argv[3] == "tracing":  # killed once the child traces (else while it is still starting)
+    ahead.raw_graph(1024)
+print(ahead.child.pid, flush=True)
+time.sleep(600)
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(sys.platform != "linux", reason="PR_SET_PDEATHSIG is Linux's")
+@pytest.mark.parametrize("when", ["starting", "tracing"])
+def test_the_tracing_child_ends_when_its_export_is_killed(tmp_path, when):
+    """A background export the service stops is killed outright (service/preparation.py); the child
+    tracing its long buckets must not go on without it."""
+    import os
+    import signal
+    import time
+
+    parent = subprocess.Popen(
+        [sys.executable, "-c", PARENT_OF_A_TRACING_CHILD, str(REPO), str(tmp_path), when],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    child = int(parent.stdout.readline())
+    os.kill(child, 0)  # alive, tracing
+    parent.send_signal(signal.SIGKILL)
+    parent.wait()
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        try:
+            os.kill(child, 0)
+        except ProcessLookupError:
+            return
+        time.sleep(0.2)
+    os.kill(child, signal.SIGKILL)
+    pytest.fail(f"the tracing child {child} outlived its killed parent by 30 s")
+
+
+def test_fewer_long_buckets_than_repay_a_child_are_traced_in_the_export_itself(tmp_path):
+    from export.tracing import MIN_BUCKETS_AHEAD, traced_ahead
+
+    with traced_ahead(make_model(), None, [1024] * (MIN_BUCKETS_AHEAD - 1), tmp_path) as ahead:
+        assert ahead is None
+
+
 def test_default_buckets_are_capped_at_the_model_length():
     assert resolve_buckets(None, 4096) == [128, 256, 512, 1024, 2048, 4096]
     assert resolve_buckets(None, 512) == [128, 256, 512]
