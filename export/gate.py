@@ -48,8 +48,9 @@ import numpy as np
 
 from .cpu import cpu_description
 from .heads import MASK_POSITIONS, primary_head
+from .latency import HOW as LATENCY_HOW
 from .latency import measure_latency, one_request
-from .manifest import AccuracyGate, GateMeasured, GateThresholds, Manifest, PrecisionVariant
+from .manifest import AccuracyGate, GateMeasured, GateThresholds, LatencyRecord, Manifest, PrecisionVariant
 from .progress import Job, Progress
 
 GATE_TEXT = "gate_text.txt"
@@ -355,10 +356,15 @@ def measure_variants(
     run as itself here (bf16 without OpenVINO, or on a CPU without bf16) is not recorded, and export says why.
     Then time fp32 and every recorded variant per bucket with the same runners, on this CPU
     (`manifest.latency`, export/latency.py): what `auto` ranks the variants by on a CPU like this one.
-    `job`: where a progress line goes as each bucket's gate and the timing finish (none by default).
+    `job`: where a progress line goes as each bucket's gate and timing finish (none by default).
     `already`: per precision, the buckets this export has gated as written (`measure_variant`); at the int8
     search's buckets and step 5's the export's final gate would measure the very graphs the search measured
-    (4–8 s a long bucket on two cores), so it records the search's figures there."""
+    (4–8 s a long bucket on two cores), so it records the search's figures there.
+
+    Bucket by bucket (`_measure_bucket`): one bucket's fp32 sessions and each variant's graph at that bucket
+    are loaded, gated, timed and let go before the next bucket's. Holding every bucket of every runtime at
+    once, a fill-mask export on a CPU with bf16 units peaked at 6.1 GB: OpenVINO's six compiled graphs and
+    their buffers beside ORT's fp32 and int8 sessions and arenas (2-core AMD EPYC with AVX512-BF16)."""
     thresholds = thresholds or GateThresholds()
     job = job or Job("gate")
     manifest.gate = AccuracyGate(
@@ -367,27 +373,63 @@ def measure_variants(
         against="the fp32 ONNX graphs on ONNX Runtime, same inputs",
         thresholds=thresholds,
     )
-    inputs = gate_inputs(export_dir, manifest)
-    runners: dict[str, RunBatch] = {"fp32": inputs.reference}
-    for precision in precisions:
-        try:
-            variant = variant_runner(inputs.export_dir, manifest, precision)
-        except VariantUnavailable as why:
-            print(f"{precision} not recorded: {why}, so its accuracy cannot be measured here")
-            continue
-        lines = gate_lines(job.stage(len(manifest.buckets)), precision)
-        gate = measure_variant(inputs, variant, thresholds, done=lines, already=(already or {}).get(precision))
+    buckets = sorted(manifest.buckets)
+    recorded: dict[str, tuple[str, str]] = {}  # precision → (runtime, graphs), for those that run here
+    gates: dict[str, dict[int, GateMeasured]] = {precision: {} for precision in precisions}
+    latency: dict[str, dict[int, float]] = {}
+    progress: Progress | None = None
+    for bucket in buckets:
+        variants = {}
+        for precision in gates:
+            try:
+                variants[precision] = variant_runner(export_dir, manifest, precision, [bucket])
+            except VariantUnavailable as why:
+                print(f"{precision} not recorded: {why}, so its accuracy cannot be measured here")
+        for precision in set(gates) - set(variants):
+            del gates[precision]
+        recorded = {p: (v.runtime, v.graphs) for p, v in variants.items()}
+        if progress is None:  # a step per variant's gate and one for the timing, each bucket weighed by its length
+            progress = job.stage([bucket for bucket in buckets for _ in range(len(variants) + 1)])
+        measured, ms = _measure_bucket(export_dir, manifest, bucket, variants, thresholds, progress, already or {})
+        del variants  # this bucket's graphs go before the next bucket's are loaded
+        for precision, figures in measured.items():
+            gates[precision][bucket] = figures
+        for name, value in ms.items():
+            latency.setdefault(name, {})[bucket] = value
+    for precision, (runtime, graphs) in recorded.items():
         manifest.precisions[precision] = PrecisionVariant(
-            runtime=variant.runtime,
-            graphs=variant.graphs,
+            runtime=runtime,
+            graphs=graphs,
             how=VARIANT_HOW[precision],
             measured_on=cpu_description(),
-            gate=gate,
-            passed=all(m.passed for m in gate.values()),
+            gate=gates[precision],
+            passed=all(m.passed for m in gates[precision].values()),
         )
-        runners[precision] = variant.run
-    fill_mask = inputs.head == "fill-mask"
-    feeds = {b: one_request(gate_batches(inputs.tokenizer, b, fill_mask)[0]) for b in manifest.buckets}
-    timing = job.stage(1)
-    manifest.latency = measure_latency(runners, feeds)
-    timing.step(f"latency of {', '.join(runners)} at {len(feeds)} buckets")
+    manifest.latency = LatencyRecord(measured_on=cpu_description(), how=LATENCY_HOW, ms=latency)
+
+
+def _measure_bucket(
+    export_dir,
+    manifest: Manifest,
+    bucket: int,
+    variants: dict[str, VariantRunner],
+    thresholds: GateThresholds,
+    progress: Progress,
+    already: dict[str, dict[int, GateMeasured]],
+) -> tuple[dict[str, GateMeasured], dict[str, float]]:
+    """Each variant's gate at `bucket` against the fp32 graph there, then one request's time at `bucket` for
+    fp32 and each variant, interleaved. fp32's answers on the gate's batches are computed once for every
+    variant (`remembered`); the timing runs fp32 itself. What this loads is freed when it returns."""
+    inputs = gate_inputs(export_dir, manifest, [bucket])
+    gated = GateInputs(inputs.export_dir, manifest, inputs.tokenizer, remembered(inputs.reference))
+    measured = {
+        precision: measure_variant(
+            gated, variant, thresholds, [bucket], gate_lines(progress, precision), already.get(precision)
+        )[bucket]
+        for precision, variant in variants.items()
+    }
+    feeds = {bucket: one_request(gate_batches(inputs.tokenizer, bucket, inputs.head == "fill-mask")[0])}
+    runners = {"fp32": inputs.reference, **{precision: variant.run for precision, variant in variants.items()}}
+    ms = {name: figures[bucket] for name, figures in measure_latency(runners, feeds).ms.items()}
+    progress.step(f"latency of {', '.join(runners)} at bucket {bucket}")
+    return measured, ms
