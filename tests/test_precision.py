@@ -1465,6 +1465,90 @@ def test_int8_ssm_convolutions_take_every_ssm_product_toeplitz_and_chunked_and_t
             assert measured.embedding_cosine_min > 0.99, measured
 
 
+def _convolution_inputs(path) -> dict[str, str]:
+    """In a quantized graph: each constant-left integer product's quantized input → the op that quantizes it."""
+    import onnx
+
+    graph = onnx.load(str(path), load_external_data=False).graph
+    constants = {init.name for init in graph.initializer}
+    producer = {out: node.op_type for node in graph.node for out in node.output}
+    return {
+        node.input[1]: producer[node.input[1]]
+        for node in graph.node
+        if node.op_type in ("MatMulInteger", "MatMulIntegerToFloat") and node.input[0] in constants
+    }
+
+
+@pytest.mark.slow
+def test_the_ssm_convolutions_int8_inputs_are_signed_and_answer_exactly_as_orts_unsigned_form(
+    exports, tokenizer, tmp_path, monkeypatch
+):
+    """ORT quantizes every activation to uint8, which with the SSM's constant on the left makes a u8·u8 product
+    (16-bit multiplies in MLAS). export/onnx.py `signed_convolution_inputs` quantizes those inputs to the same
+    values less 128, as int8 (u8·s8, the fast kernels): every convolution's input is int8, and every answer is
+    exactly ORT's own form's, Toeplitz and chunked."""
+    import onnxruntime as ort
+
+    import export.onnx as export_onnx
+    from export.gate import gate_batches
+    from export.manifest import read_manifest
+    from export.onnx import Int8Recipe, quantize_int8, write_int8_graph
+
+    export_dir = exports["mlm"]
+    manifest = read_manifest(export_dir)
+    recipe = Int8Recipe(ssm_convolutions=True, gelu_approximation=True)
+    for bucket in (min(manifest.buckets), max(manifest.buckets)):  # the Toeplitz form and the chunked one
+        src = export_dir / manifest.onnx.buckets[bucket].file
+        quantize_int8(src, tmp_path / f"{bucket}.raw.onnx", recipe)
+        inputs = _convolution_inputs(tmp_path / f"{bucket}.raw.onnx")
+        assert inputs and set(inputs.values()) == {"QuantizeLinear"}, (bucket, inputs)
+        write_int8_graph(src, tmp_path / f"{bucket}.signed.onnx", recipe)
+        with monkeypatch.context() as unsigned:
+            unsigned.setattr(export_onnx, "signed_convolution_inputs", lambda path: 0)
+            quantize_int8(src, tmp_path / f"{bucket}.raw-ort.onnx", recipe)
+            assert set(_convolution_inputs(tmp_path / f"{bucket}.raw-ort.onnx").values()) == {"DynamicQuantizeLinear"}
+            write_int8_graph(src, tmp_path / f"{bucket}.unsigned.onnx", recipe)
+        signed, unsigned_ = (
+            ort.InferenceSession(str(tmp_path / f"{bucket}.{form}.onnx"), providers=["CPUExecutionProvider"])
+            for form in ("signed", "unsigned")
+        )
+        wanted = {i.name for i in signed.get_inputs()}
+        for feeds in gate_batches(tokenizer, bucket, fill_mask=True)[:2]:
+            feeds = {k: v for k, v in feeds.items() if k in wanted}
+            for got, expected in zip(signed.run(None, feeds), unsigned_.run(None, feeds), strict=True):
+                np.testing.assert_array_equal(got, expected)
+
+
+def test_an_input_that_also_feeds_a_weight_product_keeps_orts_unsigned_quantization(tmp_path):
+    """A weight product's activation is the LEFT operand and must stay uint8 (u8·s8): an input with any use other
+    than a convolution's right operand is left as ORT quantized it; one used by convolutions alone is signed."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    from export.onnx import Int8Recipe, quantize_int8
+
+    rng = np.random.default_rng(0)
+    T, W = np.tril(rng.standard_normal((8, 8))).astype(np.float32), rng.standard_normal((4, 4)).astype(np.float32)
+    shared, alone = (helper.make_tensor_value_info(n, TensorProto.FLOAT, [1, 8, 4]) for n in ("shared", "alone"))
+    outputs = [helper.make_tensor_value_info(n, TensorProto.FLOAT, [1, 8, 4]) for n in ("a", "b", "c")]
+    graph = helper.make_graph(
+        [
+            helper.make_node("MatMul", ["T", "shared"], ["a"], name="convolution_of_shared"),
+            helper.make_node("MatMul", ["shared", "W"], ["b"], name="weight_product_of_shared"),
+            helper.make_node("MatMul", ["T", "alone"], ["c"], name="convolution_of_alone"),
+        ],
+        "g",
+        [shared, alone],
+        outputs,
+        [numpy_helper.from_array(T, "T"), numpy_helper.from_array(W, "W")],
+    )
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), tmp_path / "g.onnx")
+    quantize_int8(tmp_path / "g.onnx", tmp_path / "g.int8.onnx", Int8Recipe(ssm_convolutions=True))
+    inputs = _convolution_inputs(tmp_path / "g.int8.onnx")
+    assert sorted(inputs.values()) == ["DynamicQuantizeLinear", "QuantizeLinear"], inputs
+    assert next(v for k, v in inputs.items() if k.startswith("alone")) == "QuantizeLinear", inputs
+
+
 @pytest.mark.slow
 def test_the_int8_recipe_rebuilt_from_the_manifest_makes_the_served_graph_again_and_each_lever_stays_near_it(
     variant_exports, tokenizer, tmp_path
