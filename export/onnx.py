@@ -193,8 +193,8 @@ class Int8Recipe:
     # Levers on the fp32 remainder, tried by the search once the weight products are settled (export/
     # int8_search.py, steps 4 and 5) and kept where the gate passes with them: the SSM convolutions in int8
     # too (`constant_left_matmuls`: the Toeplitz T up to 512 tokens, the chunked form's constants beyond;
-    # ORT quantizes each constant as uint8, one range, and u per call, made int8 by `signed_convolution_inputs`:
-    # MatMulIntegerToFloat), and GELU in its tanh form where the graph is optimised (`ort_optimize`).
+    # ORT quantizes each constant as uint8, one range, and u per call: MatMulIntegerToFloat), and GELU in
+    # its tanh form where the graph is optimised (`ort_optimize`).
     ssm_convolutions: bool = False
     gelu_approximation: bool = False
 
@@ -310,80 +310,6 @@ def _quantize_dynamic(src: Path, dst: Path, recipe: Int8Recipe, per_channel: boo
         # a constant LEFT operand is quantized only where the recipe takes the SSM convolutions
         extra_options={"MatMulConstBOnly": not recipe.ssm_convolutions},
     )
-    if recipe.ssm_convolutions:
-        signed_convolution_inputs(dst)
-
-
-# The scalars `signed_convolution_inputs` computes with: DynamicQuantizeLinear's range always holds 0
-_SIGNED_CONSTANTS = {"zero": 0.0, "255": 255.0, "128": 128.0, "tiny": 1e-30}
-
-
-def signed_convolution_inputs(path: Path) -> int:
-    """Rewrite, in the quantized graph at `path` (its weights stay where they are), each SSM convolution's input
-    quantized per call to uint8 into the same values as int8; returns how many inputs were rewritten.
-
-    ORT's dynamic quantization makes every activation uint8 (`DynamicQuantizeLinear`). A convolution's constant
-    (the Toeplitz T, the chunked form's matrices) is its LEFT operand, also uint8, so the product is u8·u8, which
-    MLAS multiplies in 16 bits: on one 256 x 256 constant times a (16, 256, 256) input it ran 1.37x fp32, where
-    the same product as u8·s8 (AVX2's vpmaddubsw, VNNI's vpdpbusd) ran 1.8x faster (docs/BENCHMARKS.md). So the
-    input is quantized here with DynamicQuantizeLinear's scale and its zero point less 128, as int8: each value is
-    the uint8 one less 128, the zero point too, so every integer product, and every answer, is the one ORT's own
-    form computes. The constant keeps 7-bit uint8 values, so on AVX2 a pair of its products cannot saturate int16.
-    Only an input whose every use is the right operand of a product with a constant left one is rewritten."""
-    model = onnx.load(str(path), load_external_data=False)
-    graph = model.graph
-    constants = {init.name for init in graph.initializer}
-    users: dict[str, list[tuple[onnx.NodeProto, int]]] = {}
-    for node in graph.node:
-        for position, name in enumerate(node.input):
-            users.setdefault(name, []).append((node, position))
-
-    def convolution_input(name: str, position_of_zero_point: int) -> bool:
-        uses = users.get(name, [])
-        return bool(uses) and all(
-            n.op_type == "MatMulInteger" and position == position_of_zero_point and n.input[0] in constants
-            for n, position in uses
-        )
-
-    nodes, rewritten = [], 0
-    for node in graph.node:
-        quantized, scale, zero_point = node.output if node.op_type == "DynamicQuantizeLinear" else ("", "", "")
-        if not quantized or not (convolution_input(quantized, 1) and convolution_input(zero_point, 3)):
-            nodes.append(node)
-            continue
-        nodes.extend(_int8_quantize_like_dynamic(node.input[0], quantized, scale, zero_point, node.name))
-        rewritten += 1
-    if rewritten:
-        for name, value in _SIGNED_CONSTANTS.items():
-            graph.initializer.append(numpy_helper.from_array(np.array(value, np.float32), f"signed_input.{name}"))
-        del graph.node[:]
-        graph.node.extend(nodes)
-        onnx.save(model, str(path))
-    return rewritten
-
-
-def _int8_quantize_like_dynamic(x: str, quantized: str, scale: str, zero_point: str, name: str) -> list:
-    """Nodes computing DynamicQuantizeLinear(x)'s scale, and its values and zero point less 128 as int8:
-    scale = (max(x, 0) − min(x, 0)) / 255, zero point = clip(round(−min / scale), 0, 255) − 128."""
-    c = {key: f"signed_input.{key}" for key in _SIGNED_CONSTANTS}
-    t = lambda what: f"{name}.signed.{what}"  # noqa: E731
-    make = onnx.helper.make_node
-    return [
-        make("ReduceMin", [x], [t("min_x")], keepdims=0, name=t("ReduceMin")),
-        make("ReduceMax", [x], [t("max_x")], keepdims=0, name=t("ReduceMax")),
-        make("Min", [t("min_x"), c["zero"]], [t("low")], name=t("Min")),
-        make("Max", [t("max_x"), c["zero"]], [t("high")], name=t("Max")),
-        make("Sub", [t("high"), t("low")], [t("range")], name=t("Sub")),
-        make("Div", [t("range"), c["255"]], [t("step")], name=t("Div")),
-        make("Max", [t("step"), c["tiny"]], [scale], name=t("Scale")),  # an all-zero input: any scale gives 0
-        make("Div", [t("low"), scale], [t("low_steps")], name=t("LowSteps")),
-        make("Neg", [t("low_steps")], [t("zero_at")], name=t("Neg")),
-        make("Round", [t("zero_at")], [t("rounded")], name=t("Round")),
-        make("Clip", [t("rounded"), c["zero"], c["255"]], [t("unsigned_zero")], name=t("Clip")),
-        make("Sub", [t("unsigned_zero"), c["128"]], [t("signed_zero")], name=t("Shift")),
-        make("Cast", [t("signed_zero")], [zero_point], to=onnx.TensorProto.INT8, name=t("Cast")),
-        make("QuantizeLinear", [x, scale, zero_point], [quantized], name=t("QuantizeLinear")),
-    ]
 
 
 def quantize_int8_static(src: Path, dst: Path, calibration: list[dict[str, np.ndarray]]) -> None:
