@@ -1465,6 +1465,102 @@ def test_int8_ssm_convolutions_take_every_ssm_product_toeplitz_and_chunked_and_t
             assert measured.embedding_cosine_min > 0.99, measured
 
 
+def _convolution_inputs(path) -> dict[str, str]:
+    """In a quantized graph: each constant-left integer product's quantized input → the op that quantizes it."""
+    import onnx
+
+    graph = onnx.load(str(path), load_external_data=False).graph
+    constants = {init.name for init in graph.initializer}
+    producer = {out: node.op_type for node in graph.node for out in node.output}
+    return {
+        node.input[1]: producer[node.input[1]]
+        for node in graph.node
+        if node.op_type in ("MatMulInteger", "MatMulIntegerToFloat") and node.input[0] in constants
+    }
+
+
+@pytest.mark.slow
+def test_the_ssm_convolutions_int8_products_are_u8_s8_on_7_bit_constants_and_exactly_the_unsigned_ones(
+    exports, tokenizer, tmp_path, monkeypatch
+):
+    """ORT quantizes every activation to uint8, which with the SSM's constant on the left makes a u8·u8 product
+    (16-bit multiplies in MLAS). Export takes each convolution's constant to 7 bits and quantizes its input to
+    int8 (export/onnx.py): every constant is at most 127, so a pair of u8·s8 products cannot overflow AVX2's
+    int16 sums (2·127·128 < 2^15), every input is int8, and every answer equals, bit for bit, the one of the same
+    7-bit constants times ORT's own uint8 input, Toeplitz and chunked."""
+    import onnx
+    import onnxruntime as ort
+    from onnx import numpy_helper
+
+    import export.onnx as export_onnx
+    from export.gate import gate_batches
+    from export.manifest import read_manifest
+    from export.onnx import Int8Recipe, quantize_int8, write_int8_graph
+
+    export_dir = exports["mlm"]
+    manifest = read_manifest(export_dir)
+    recipe = Int8Recipe(ssm_convolutions=True, gelu_approximation=True)
+    for bucket in (min(manifest.buckets), max(manifest.buckets)):  # the Toeplitz form and the chunked one
+        src = export_dir / manifest.onnx.buckets[bucket].file
+        raw = tmp_path / f"{bucket}.raw.onnx"
+        quantize_int8(src, raw, recipe)
+        inputs = _convolution_inputs(raw)
+        assert inputs and set(inputs.values()) == {"QuantizeLinear"}, (bucket, inputs)
+        graph = onnx.load(str(raw)).graph
+        initializers = {init.name: numpy_helper.to_array(init) for init in graph.initializer}
+        constants = [
+            node.input for node in graph.node if node.op_type == "MatMulInteger" and node.input[0] in initializers
+        ]
+        assert all(initializers[c[0]].max() <= 127 and initializers[c[2]] <= 127 for c in constants), bucket
+        write_int8_graph(src, tmp_path / f"{bucket}.signed.onnx", recipe)
+        with monkeypatch.context() as unsigned:
+            unsigned.setattr(export_onnx, "sign_convolution_inputs", lambda model, convolutions: None)
+            quantize_int8(src, tmp_path / f"{bucket}.raw-unsigned.onnx", recipe)
+            assert set(_convolution_inputs(tmp_path / f"{bucket}.raw-unsigned.onnx").values()) == {
+                "DynamicQuantizeLinear"
+            }
+            write_int8_graph(src, tmp_path / f"{bucket}.unsigned.onnx", recipe)
+        signed, unsigned_ = (
+            ort.InferenceSession(str(tmp_path / f"{bucket}.{form}.onnx"), providers=["CPUExecutionProvider"])
+            for form in ("signed", "unsigned")
+        )
+        wanted = {i.name for i in signed.get_inputs()}
+        for feeds in gate_batches(tokenizer, bucket, fill_mask=True)[:2]:
+            feeds = {k: v for k, v in feeds.items() if k in wanted}
+            for got, expected in zip(signed.run(None, feeds), unsigned_.run(None, feeds), strict=True):
+                np.testing.assert_array_equal(got, expected)
+
+
+def test_an_input_that_also_feeds_a_weight_product_keeps_orts_unsigned_quantization(tmp_path):
+    """A weight product's activation is the LEFT operand and must stay uint8 (u8·s8): an input with any use other
+    than a convolution's right operand is left as ORT quantized it; one used by convolutions alone is signed."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    from export.onnx import Int8Recipe, quantize_int8
+
+    rng = np.random.default_rng(0)
+    T, W = np.tril(rng.standard_normal((8, 8))).astype(np.float32), rng.standard_normal((4, 4)).astype(np.float32)
+    shared, alone = (helper.make_tensor_value_info(n, TensorProto.FLOAT, [1, 8, 4]) for n in ("shared", "alone"))
+    outputs = [helper.make_tensor_value_info(n, TensorProto.FLOAT, [1, 8, 4]) for n in ("a", "b", "c")]
+    graph = helper.make_graph(
+        [
+            helper.make_node("MatMul", ["T", "shared"], ["a"], name="convolution_of_shared"),
+            helper.make_node("MatMul", ["shared", "W"], ["b"], name="weight_product_of_shared"),
+            helper.make_node("MatMul", ["T", "alone"], ["c"], name="convolution_of_alone"),
+        ],
+        "g",
+        [shared, alone],
+        outputs,
+        [numpy_helper.from_array(T, "T"), numpy_helper.from_array(W, "W")],
+    )
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), tmp_path / "g.onnx")
+    quantize_int8(tmp_path / "g.onnx", tmp_path / "g.int8.onnx", Int8Recipe(ssm_convolutions=True))
+    inputs = _convolution_inputs(tmp_path / "g.int8.onnx")
+    assert sorted(inputs.values()) == ["DynamicQuantizeLinear", "QuantizeLinear"], inputs
+    assert next(v for k, v in inputs.items() if k.startswith("alone")) == "QuantizeLinear", inputs
+
+
 @pytest.mark.slow
 def test_the_int8_recipe_rebuilt_from_the_manifest_makes_the_served_graph_again_and_each_lever_stays_near_it(
     variant_exports, tokenizer, tmp_path
