@@ -193,8 +193,8 @@ class Int8Recipe:
     # Levers on the fp32 remainder, tried by the search once the weight products are settled (export/
     # int8_search.py, steps 4 and 5) and kept where the gate passes with them: the SSM convolutions in int8
     # too (`constant_left_matmuls`: the Toeplitz T up to 512 tokens, the chunked form's constants beyond;
-    # ORT quantizes each constant as uint8, one range, and u per call, then each constant is taken to 7 bits and
-    # u made int8, u8·s8: `signed_convolutions`), and GELU in its tanh form where the graph is optimised.
+    # ORT quantizes each constant as uint8, one range, and u per call: MatMulIntegerToFloat), and GELU in
+    # its tanh form where the graph is optimised (`ort_optimize`).
     ssm_convolutions: bool = False
     gelu_approximation: bool = False
 
@@ -310,144 +310,6 @@ def _quantize_dynamic(src: Path, dst: Path, recipe: Int8Recipe, per_channel: boo
         # a constant LEFT operand is quantized only where the recipe takes the SSM convolutions
         extra_options={"MatMulConstBOnly": not recipe.ssm_convolutions},
     )
-    if recipe.ssm_convolutions:
-        model = onnx.load(str(dst), load_external_data=False)
-        convolutions = signed_convolutions(model)
-        seven_bit_constants(model, convolutions, dst.parent)
-        sign_convolution_inputs(model, convolutions)
-        onnx.save(model, str(dst))  # the other weights stay in the data file quantize_dynamic wrote
-
-
-# The SSM convolutions in int8, exact on every x86 kernel and on the fast ones.
-#
-# ORT's dynamic quantization makes every activation uint8 (DynamicQuantizeLinear), and a convolution's constant
-# (the Toeplitz T, the chunked form's matrices) is its LEFT operand, uint8 too: the product is u8·u8, which MLAS
-# multiplies in 16 bits, at about half a weight product's rate (docs/BENCHMARKS.md, the VNNI section: 1.5x fp32
-# against the weight products' 3.0x). With the input quantized to int8 the product is u8·s8, the kernels weight
-# products use (AVX2's vpmaddubsw, VNNI's vpdpbusd). AVX2's sums a pair of u8·s8 products in int16, which ORT's
-# 8-bit constant (up to 255) times an input near −128 overflows; so the constant is first taken to 7 bits (up to
-# 127: 2·127·128 < 2^15), as every weight is (`Int8Recipe.reduce_range`), and the integer products are exact on
-# every x86 kernel. The input keeps ORT's own quantization, its values and zero point less 128 as int8.
-
-_SIGNED_CONSTANTS = {"zero": 0.0, "255": 255.0, "128": 128.0, "tiny": 1e-30}
-
-
-@dataclass(frozen=True)
-class SignedConvolution:
-    """One convolution's input quantized per call (ORT's DynamicQuantizeLinear node) and the constants it meets:
-    each product's quantized left operand, its zero point and its scale (initializer names)."""
-
-    quantizer: onnx.NodeProto
-    constants: tuple[tuple[str, str, str], ...]
-
-
-def signed_convolutions(model: onnx.ModelProto) -> list[SignedConvolution]:
-    """The inputs of `model` (quantized by ORT) whose every use is the right operand of an integer product with a
-    constant left one. An input with any other use (a weight product's left operand must stay uint8) is left out."""
-    graph = model.graph
-    constants = {init.name for init in graph.initializer}
-    uses: dict[str, list[tuple[onnx.NodeProto, int]]] = {}
-    for node in graph.node:
-        for position, name in enumerate(node.input):
-            uses.setdefault(name, []).append((node, position))
-    found = []
-    for node in graph.node:
-        if node.op_type != "DynamicQuantizeLinear":
-            continue
-        quantized, _, zero_point = node.output
-        products = uses.get(quantized, [])
-        if not products or not all(
-            n.op_type == "MatMulInteger" and position == 1 and n.input[0] in constants for n, position in products
-        ):
-            continue
-        if not all(n.op_type == "MatMulInteger" and position == 3 for n, position in uses.get(zero_point, [])):
-            continue
-        triples = []
-        for product, _ in products:
-            left, left_zero_point = product.input[0], product.input[2]
-            scale = left.removesuffix("_quantized") + "_scale"
-            if scale not in constants or left_zero_point not in constants:
-                break
-            triples.append((left, left_zero_point, scale))
-        else:
-            found.append(SignedConvolution(node, tuple(triples)))
-    return found
-
-
-def seven_bit_constants(model: onnx.ModelProto, convolutions: list[SignedConvolution], base_dir: Path) -> None:
-    """Requantize each convolution's uint8 constant to 7 bits (0–127) over the range it represents, its zero
-    point and scale with it, in place; the tensors are written into the graph itself (they are small: at most
-    one (L, L) Toeplitz per SSM, L ≤ 512)."""
-    from onnx.external_data_helper import load_external_data_for_tensor
-
-    initializers = {init.name: init for init in model.graph.initializer}
-    done: set[str] = set()
-    for convolution in convolutions:
-        for left, zero_point, scale in convolution.constants:
-            if left in done:
-                continue
-            tensors = [initializers[name] for name in (left, zero_point, scale)]
-            for tensor in tensors:
-                if tensor.data_location == onnx.TensorProto.EXTERNAL:
-                    load_external_data_for_tensor(tensor, str(base_dir))
-                    tensor.data_location = onnx.TensorProto.DEFAULT
-                    del tensor.external_data[:]
-            values, point, step = (numpy_helper.to_array(t) for t in tensors)
-            real = (values.astype(np.float64) - float(point)) * float(step)
-            low, high = min(real.min(), 0.0), max(real.max(), 0.0)
-            step7 = (high - low) / 127 if high > low else 1.0
-            point7 = np.clip(np.round(-low / step7), 0, 127)
-            values7 = np.clip(np.round(real / step7) + point7, 0, 127).astype(np.uint8)
-            for tensor, array in zip(
-                tensors, (values7, np.array(point7, np.uint8), np.array(step7, np.float32)), strict=True
-            ):
-                tensor.CopyFrom(
-                    numpy_helper.from_array(array.reshape(numpy_helper.to_array(tensor).shape), tensor.name)
-                )
-            done.add(left)
-
-
-def sign_convolution_inputs(model: onnx.ModelProto, convolutions: list[SignedConvolution]) -> None:
-    """Replace each convolution input's DynamicQuantizeLinear by the same quantization with its values and zero
-    point less 128, as int8: the scale is DynamicQuantizeLinear's, (max(x, 0) − min(x, 0)) / 255, and the zero
-    point clip(round(−min / scale), 0, 255) − 128, so each integer is ORT's less 128 and every product the same."""
-    if not convolutions:
-        return
-    graph = model.graph
-    rewritten = {id(c.quantizer): c.quantizer for c in convolutions}
-    nodes = []
-    for node in graph.node:
-        if id(node) in rewritten:
-            nodes.extend(_int8_quantize_like_dynamic(node.input[0], *node.output, node.name))
-        else:
-            nodes.append(node)
-    for name, value in _SIGNED_CONSTANTS.items():
-        graph.initializer.append(numpy_helper.from_array(np.array(value, np.float32), f"signed_input.{name}"))
-    del graph.node[:]
-    graph.node.extend(nodes)
-
-
-def _int8_quantize_like_dynamic(x: str, quantized: str, scale: str, zero_point: str, name: str) -> list:
-    """Nodes computing DynamicQuantizeLinear(x)'s scale, and its values and zero point less 128 as int8."""
-    c = {key: f"signed_input.{key}" for key in _SIGNED_CONSTANTS}
-    t = lambda what: f"{name}.signed.{what}"  # noqa: E731
-    make = onnx.helper.make_node
-    return [
-        make("ReduceMin", [x], [t("min_x")], keepdims=0, name=t("ReduceMin")),
-        make("ReduceMax", [x], [t("max_x")], keepdims=0, name=t("ReduceMax")),
-        make("Min", [t("min_x"), c["zero"]], [t("low")], name=t("Min")),
-        make("Max", [t("max_x"), c["zero"]], [t("high")], name=t("Max")),
-        make("Sub", [t("high"), t("low")], [t("range")], name=t("Sub")),
-        make("Div", [t("range"), c["255"]], [t("step")], name=t("Div")),
-        make("Max", [t("step"), c["tiny"]], [scale], name=t("Scale")),  # an all-zero input: any scale gives 0
-        make("Div", [t("low"), scale], [t("low_steps")], name=t("LowSteps")),
-        make("Neg", [t("low_steps")], [t("zero_at")], name=t("Neg")),
-        make("Round", [t("zero_at")], [t("rounded")], name=t("Round")),
-        make("Clip", [t("rounded"), c["zero"], c["255"]], [t("unsigned_zero")], name=t("Clip")),
-        make("Sub", [t("unsigned_zero"), c["128"]], [t("signed_zero")], name=t("Shift")),
-        make("Cast", [t("signed_zero")], [zero_point], to=onnx.TensorProto.INT8, name=t("Cast")),
-        make("QuantizeLinear", [x, scale, zero_point], [quantized], name=t("QuantizeLinear")),
-    ]
 
 
 def quantize_int8_static(src: Path, dst: Path, calibration: list[dict[str, np.ndarray]]) -> None:
