@@ -269,12 +269,13 @@ def plan_int8(out_dir: Path, manifest: Manifest, graphs: dict[int, Path], job: J
     finished fp32 graphs of the buckets it searches at (export/int8_search.py), its record appended to
     `searched`, then each bucket by its `Int8Plan`. Without the tokenizer the gate needs (`variants_to_write`
     asks for int8 only with one), the default recipe at every bucket."""
-    from .onnx import default_int8
+    from .onnx import Int8Recipe, default_int8
 
     if not (out_dir / "tokenizer.json").is_file():
         return default_int8
     from tokenizers import Tokenizer
 
+    from .cpu import has_exact_int8_products
     from .gate import GateThresholds
     from .heads import primary_head
     from .int8_search import MAX_TRIES, Int8Plan, search_int8
@@ -298,8 +299,10 @@ def plan_int8(out_dir: Path, manifest: Manifest, graphs: dict[int, Path], job: J
     )
     head = primary_head(manifest.model.architecture)
     workspace = tempfile.TemporaryDirectory(prefix="bigs-int8-searched-")  # removed with the plan
+    # the SSM convolutions' inputs signed (u8·s8, faster) only where this CPU's int8 sums cannot saturate
+    recipe = Int8Recipe(ssm_signed_inputs=has_exact_int8_products())
     recipe, record, searched_graphs = search_int8(
-        graphs, tokenizer, head, GateThresholds(), done=done, keep=Path(workspace.name)
+        graphs, tokenizer, head, GateThresholds(), recipe, done=done, keep=Path(workspace.name)
     )
     searched.append(record)
     long_bucket = lambda bucket, tried: job.emit(
@@ -454,7 +457,7 @@ def summary(manifest: Manifest, out_dir: str | Path) -> str:
                 calibrated = ", ".join(map(str, search.calibrated_at or [search.bucket]))
                 lines[-1] += f"; smoothed (SmoothQuant-style, factors from bucket {calibrated})"
             if search.ssm_convolutions:
-                lines[-1] += "; SSM convolutions int8"
+                lines[-1] += "; SSM convolutions int8" + (" (inputs signed)" if search.ssm_inputs_signed else "")
             if search.gelu_approximation:
                 lines[-1] += "; GELU in its tanh form"
             if search.ssm_convolutions or search.gelu_approximation:

@@ -53,6 +53,17 @@ def has_bf16_units() -> bool:
     return any(flag in cpu_flags() for flag in BF16_UNITS)
 
 
+# The flags with which int8 products are exact at 8 bits: uint8 × int8 pairs summed into int32 (VNNI's
+# vpdpbusd, AMX tiles). Without them ORT sums each pair in int16 first (AVX2's vpmaddubsw), which saturates
+# where two products of a uint8 value and an 8-bit int8 one exceed 32,767 (7-bit weights cannot).
+EXACT_INT8_WITH = ("amx_int8", "avx512_vnni", "avx_vnni")
+
+
+def has_exact_int8_products(flags: frozenset[str] | None = None) -> bool:
+    """Whether this CPU (or one with `flags`) sums int8 products in int32, so that 8-bit operands cannot saturate."""
+    return bool(set(EXACT_INT8_WITH) & (cpu_flags() if flags is None else flags))
+
+
 def cpu_model_name(cpuinfo: str = "/proc/cpuinfo") -> str | None:
     return _field("model name", cpuinfo)
 

@@ -423,6 +423,7 @@ def search_int8(
         passed=passing is not None,
         ssm_convolutions=chosen.ssm_convolutions,
         gelu_approximation=chosen.gelu_approximation,
+        ssm_inputs_signed=chosen.ssm_convolutions and chosen.ssm_signed_inputs,
     )
     return chosen, record, kept
 
@@ -498,6 +499,7 @@ def export_recipe(export_dir: Path, manifest, tokenizer) -> Int8Recipe:
         frozenset(p.weight for p in search.fp32),
         ssm_convolutions=search.ssm_convolutions,
         gelu_approximation=search.gelu_approximation,
+        ssm_signed_inputs=search.ssm_inputs_signed,
     )
     if search.smoothing is None:
         return recipe

@@ -239,6 +239,10 @@ class Int8Search(_Section):
     # (`long_buckets`, step 5; `levers_at`)
     ssm_convolutions: bool = False
     gelu_approximation: bool = False
+    # the SSM convolutions' inputs quantized signed (export/onnx.py `signed_convolution_inputs`): their products
+    # u8·s8 of an 8-bit constant, exact only where the CPU sums int8 products in int32 (VNNI, AMX-INT8), so
+    # written only on such a CPU; False: ORT's unsigned inputs (u8·u8, exact everywhere)
+    ssm_inputs_signed: bool = False
     # step 5: the levers tried again at each bucket longer than `gated_at`, each with that bucket's gate ({}
     # where none were kept, or in a dir written before: those buckets were quantized without them)
     long_buckets: dict[int, LeverGate] = Field(default_factory=dict)
@@ -293,6 +297,19 @@ class PrecisionVariant(_Section):
     def weight_bits(self) -> int:
         """int8's weight width: 8 unless the search recorded 7 (reduce_range)."""
         return self.search.weight_bits if self.search is not None else 8
+
+    @property
+    def eight_bit_operands(self) -> str:
+        """Which of its int8 products have two 8-bit operands, in words ("" where none): those whose pairs of
+        products can exceed int16, exact only on a CPU that sums them in int32 (service/cpu_features.py)."""
+        which = ["8-bit weights"] if self.weight_bits > 7 else []
+        if self.search is not None and self.search.ssm_convolutions and self.search.ssm_inputs_signed:
+            which.append("SSM convolutions' 8-bit constants times signed inputs")
+        return " and ".join(which)
+
+    @property
+    def needs_int32_sums(self) -> bool:
+        return bool(self.eight_bit_operands)
 
     def failures(self) -> list[str]:
         return [f"bucket {b}: {f}" for b, m in sorted(self.gate.items()) for f in m.failures]

@@ -197,6 +197,11 @@ class Int8Recipe:
     # its tanh form where the graph is optimised (`ort_optimize`).
     ssm_convolutions: bool = False
     gelu_approximation: bool = False
+    # With `ssm_convolutions`, each convolution's input quantized signed (`signed_convolution_inputs`): the same
+    # answers, on the u8·s8 kernels instead of u8·u8. Its constants keep 8 bits, so a pair of products can
+    # exceed int16: exact only on a CPU that sums in int32 (export/cpu.py `has_exact_int8_products`), which is
+    # where export takes it (export/build.py); elsewhere ORT's unsigned form, exact on every kernel.
+    ssm_signed_inputs: bool = False
 
     @property
     def weight_bits(self) -> int:
@@ -310,6 +315,64 @@ def _quantize_dynamic(src: Path, dst: Path, recipe: Int8Recipe, per_channel: boo
         # a constant LEFT operand is quantized only where the recipe takes the SSM convolutions
         extra_options={"MatMulConstBOnly": not recipe.ssm_convolutions},
     )
+    if recipe.ssm_convolutions and recipe.ssm_signed_inputs:
+        signed_convolution_inputs(dst)
+
+
+# The byte that `signed_convolution_inputs` XORs with: flipping a uint8's top bit and reading it as int8 is v − 128
+_SIGN_BIT = "signed_input.sign_bit"
+
+
+def signed_convolution_inputs(path: Path) -> int:
+    """Rewrite, in the quantized graph at `path` (its weights stay where they are), each SSM convolution's input
+    quantized per call to uint8 into the same values as int8; returns how many inputs were rewritten.
+
+    ORT's dynamic quantization makes every activation uint8 (`DynamicQuantizeLinear`). A convolution's constant
+    (the Toeplitz T, the chunked form's matrices) is its LEFT operand, also uint8, so the product is u8·u8, which
+    MLAS multiplies in 16 bits, at about half the rate of a weight product's u8·s8 (docs/DESIGN.md §1.3). So the
+    input is quantized again beside ORT's quantizer, with its scale and its zero point less 128 (the byte's top bit
+    flipped, then read as int8: BitwiseXor, Cast), as int8 (QuantizeLinear): each value is the uint8 one less 128,
+    so every integer product, and every answer, is the one ORT's own form computes, and the product runs on the
+    u8·s8 kernels. (Flipping every value's top bit instead ran slower: ORT's BitwiseXor is not vectorized.) The constant keeps its 8 bits: exact where the CPU
+    sums products in int32 (VNNI's vpdpbusd, AMX), not on AVX2's vpmaddubsw (`Int8Recipe.ssm_signed_inputs`).
+    Only an input whose every use is the right operand of a product with a constant left one is rewritten."""
+    model = onnx.load(str(path), load_external_data=False)
+    graph = model.graph
+    constants = {init.name for init in graph.initializer}
+    users: dict[str, list[tuple[onnx.NodeProto, int]]] = {}
+    for node in graph.node:
+        for position, name in enumerate(node.input):
+            users.setdefault(name, []).append((node, position))
+
+    def convolution_input(name: str, position: int) -> bool:
+        """Whether every use of `name` is input `position` of an integer product whose left operand is constant."""
+        uses = users.get(name, [])
+        return bool(uses) and all(
+            n.op_type == "MatMulInteger" and at == position and n.input[0] in constants for n, at in uses
+        )
+
+    make = onnx.helper.make_node
+    nodes, rewritten = [], 0
+    for node in graph.node:
+        nodes.append(node)
+        quantized, scale, zero_point = node.output if node.op_type == "DynamicQuantizeLinear" else ("", "", "")
+        if not quantized or not (convolution_input(quantized, 1) and convolution_input(zero_point, 3)):
+            continue
+        # ORT's quantizer keeps computing the scale and the zero point (its uint8 values go unread); the zero
+        # point less 128, and the values quantized again with it as int8 (QuantizeLinear: the same rounding)
+        node.output[0], node.output[2] = f"{quantized}.unsigned", f"{zero_point}.unsigned"
+        nodes += [
+            make("BitwiseXor", [node.output[2], _SIGN_BIT], [f"{zero_point}.flipped"], name=f"{zero_point}.flip"),
+            make("Cast", [f"{zero_point}.flipped"], [zero_point], to=onnx.TensorProto.INT8, name=f"{zero_point}.int8"),
+            make("QuantizeLinear", [node.input[0], scale, zero_point], [quantized], name=f"{quantized}.int8"),
+        ]
+        rewritten += 1
+    if rewritten:
+        graph.initializer.append(numpy_helper.from_array(np.array(0x80, np.uint8), _SIGN_BIT))  # BitwiseXor: opset 18+
+        del graph.node[:]
+        graph.node.extend(nodes)
+        onnx.save(model, str(path))
+    return rewritten
 
 
 def quantize_int8_static(src: Path, dst: Path, calibration: list[dict[str, np.ndarray]]) -> None:

@@ -17,7 +17,8 @@ kernels exist but emulate, and are no faster than fp32 or slower):
     avx_vnni      int8 dot products in AVX2 encoding (Alder Lake, Zen 5)
     avx512_bf16   bf16 dot products in AVX-512 (Cooper Lake, Zen 4): twice fp32's rate, not AMX's 16x
     avx2          int8 products by pairs summed in int16 (vpmaddubsw): faster than fp32, exact only
-                  with 7-bit weights, which export writes (`int8_saturates`)
+                  with a 7-bit operand: 7-bit weights, which export writes, and the SSM convolutions'
+                  unsigned inputs, which export writes where the CPU has no VNNI (`int8_saturates`)
 
 On the CPU the export timed the variants on (the same model name and flags), `auto` serves per
 bucket the fastest of fp32 and the variants that passed there, by those figures: they are this
@@ -43,7 +44,13 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Literal
 
-from export.cpu import FLAG_NAMES, cpu_description, cpu_flags, cpu_model_name  # noqa: F401  (the CPU, read once)
+from export.cpu import (  # noqa: F401  (the CPU, read once)
+    FLAG_NAMES,
+    cpu_description,
+    cpu_flags,
+    cpu_model_name,
+    has_exact_int8_products,
+)
 from export.manifest import LatencyRecord
 
 Precision = Literal["fp32", "int8", "bf16"]
@@ -60,10 +67,6 @@ FAST_WITH: dict[Precision, tuple[str, ...]] = {
 }
 FLAG_LABELS = {**FLAG_NAMES, "avx2": "AVX2"}  # the reasons' names of the flags (FLAG_NAMES: the CPU's identity)
 
-# The flags with which int8 products are exact: uint8 × int8 pairs summed into int32 (VNNI's vpdpbusd, AMX
-# tiles). Without them ORT sums each pair in int16 first (AVX2's vpmaddubsw), which saturates where two
-# products of a uint8 activation and an 8-bit weight exceed 32,767; 7-bit weights (reduce_range) cannot.
-EXACT_INT8_WITH = ("amx_int8", "avx512_vnni", "avx_vnni")
 
 # How much faster than the ONNX Runtime choice (fp32 or int8, over the model's one copy of the weights) a
 # bucket's bf16 must measure for `auto` to serve it on OpenVINO, which holds per bucket a compiled copy
@@ -71,9 +74,11 @@ EXACT_INT8_WITH = ("amx_int8", "avx512_vnni", "avx_vnni")
 BF16_MIN_SPEEDUP = 1.5
 
 
-def int8_saturates(weight_bits: int, flags: Iterable[str]) -> bool:
-    """Whether int8 graphs with `weight_bits` weights compute saturated products on a CPU with `flags`."""
-    return weight_bits > 7 and not set(EXACT_INT8_WITH) & set(flags)
+def int8_saturates(variant, flags: Iterable[str]) -> bool:
+    """Whether an int8 variant's graphs (export/manifest.py `PrecisionVariant`) compute saturated products on a
+    CPU with `flags`: where an operand has 8 bits (8-bit weights, or the SSM's 8-bit constants times signed
+    inputs) and the CPU sums pairs of products in int16 (`has_exact_int8_products`)."""
+    return variant.needs_int32_sums and not has_exact_int8_products(frozenset(flags))
 
 
 def preference(flags: frozenset[str]) -> tuple[Precision, ...]:
@@ -345,7 +350,8 @@ def variant_statuses(
 ) -> dict[Precision, VariantStatus]:
     """What an export dir's manifest (export/manifest.py) offers per reduced precision, for this install
     and this CPU (`flags`, `cpu`: this machine's by default): bf16 needs OpenVINO importable; int8 graphs
-    with 8-bit weights (written before export used 7-bit ones) on a CPU whose int8 products saturate
+    with 8-bit operands (weights written before export used 7-bit ones; the SSM convolutions with signed inputs,
+    which export writes only on a CPU that sums in int32) on a CPU whose int8 products saturate
     (`int8_saturates`) compute something their gate did not measure, unless it was measured on this CPU."""
     flags = cpu_flags() if flags is None else frozenset(flags)
     cpu = cpu_description() if cpu is None else cpu
@@ -359,10 +365,10 @@ def variant_statuses(
             statuses[precision] = VariantStatus(present=False, detail=detail)
         elif variant.runtime == "openvino" and not _openvino_installed():
             statuses[precision] = VariantStatus(present=False, detail="OpenVINO is not installed: pip install openvino")
-        elif precision == "int8" and int8_saturates(variant.weight_bits, flags) and variant.measured_on != cpu:
-            detail = (f"its {variant.weight_bits}-bit weights saturate int8 products on this CPU (no VNNI or "
+        elif precision == "int8" and int8_saturates(variant, flags) and variant.measured_on != cpu:
+            detail = (f"its {variant.eight_bit_operands} saturate int8 products on this CPU (no VNNI or "
                       f"AMX-INT8), and its gate was measured on {variant.measured_on}: export again here "
-                      "(7-bit weights)")  # fmt: skip
+                      "(7-bit weights, unsigned SSM inputs)")  # fmt: skip
             statuses[precision] = VariantStatus(
                 present=True, passed=False, detail=detail, bucket_failures=dict.fromkeys(variant.gate, detail)
             )

@@ -1177,6 +1177,7 @@ def test_the_search_tries_the_levers_on_the_chosen_recipe_last_and_the_graphs_ca
     the graphs are made with, and the manifest says which."""
     import onnx
 
+    from export.cpu import has_exact_int8_products
     from export.int8_search import LEVER_TRIES
     from export.manifest import read_manifest
     from export.onnx import constant_left_matmuls
@@ -1201,6 +1202,10 @@ def test_the_search_tries_the_levers_on_the_chosen_recipe_last_and_the_graphs_ca
             ssm, gelu = search.levers_at(bucket)  # the search's at the buckets it gated, step 5's past them
             assert ("FastGelu" in ops) == gelu, (name, bucket)
             assert (len(constant_left_matmuls(graph)) == 0) == ssm, (name, bucket)
+            if ssm:  # the inputs signed (u8·s8) only where this CPU sums int8 products in int32
+                quantized_by = set(_convolution_inputs(graph).values())
+                assert quantized_by == {"QuantizeLinear" if search.ssm_inputs_signed else "DynamicQuantizeLinear"}
+        assert search.ssm_inputs_signed == (search.ssm_convolutions and has_exact_int8_products()), name
         longer = [b for b in manifest.buckets if b > max(search.gated_at)]
         if search.ssm_convolutions or search.gelu_approximation:  # step 5: each longer bucket gated with them
             assert sorted(search.long_buckets) == longer, name
@@ -1410,7 +1415,22 @@ def test_int8_with_8_bit_weights_is_not_served_where_int8_products_saturate_unle
         if not served:
             assert "saturate" in status.detail and elsewhere not in status.detail
     for flags in (SKYLAKE, ZEN4, SAPPHIRE_RAPIDS):  # 7-bit weights: exact everywhere, served wherever it passed
-        assert variant_statuses(manifest, flags, elsewhere)["int8"].passed_at(128)
+        unsigned = manifest.model_copy(deep=True)
+        unsigned.precisions["int8"].search.ssm_inputs_signed = False
+        assert variant_statuses(unsigned, flags, elsewhere)["int8"].passed_at(128)
+    # the SSM convolutions' signed inputs times 8-bit constants (written where export ran on VNNI): the same rule
+    signed = manifest.model_copy(deep=True)
+    signed.precisions["int8"].search.ssm_convolutions = signed.precisions["int8"].search.ssm_inputs_signed = True
+    for flags, cpu, served in [
+        (SKYLAKE, elsewhere, False),
+        (SKYLAKE, signed.precisions["int8"].measured_on, True),
+        (ZEN4, elsewhere, True),
+        (SAPPHIRE_RAPIDS, elsewhere, True),
+    ]:
+        status = variant_statuses(signed, flags, cpu)["int8"]
+        assert status.passed_at(128) == served, (flags, cpu, status)
+        if not served:
+            assert "SSM convolutions' 8-bit constants times signed inputs saturate" in status.detail, status.detail
 
 
 @pytest.mark.parametrize(
@@ -1463,6 +1483,144 @@ def test_int8_ssm_convolutions_take_every_ssm_product_toeplitz_and_chunked_and_t
             measured = measure_gate(tokenizer, bucket, "fill-mask", ort_runner({bucket: reference}),
                                     ort_runner({bucket: session}), GateThresholds())  # fmt: skip
             assert measured.embedding_cosine_min > 0.99, measured
+
+
+def _convolution_inputs(path) -> dict[str, str]:
+    """In a quantized graph: each constant-left integer product's quantized input → the op that writes it
+    (ORT's DynamicQuantizeLinear; an int8 QuantizeLinear where `signed_convolution_inputs` rewrote it)."""
+    import onnx
+
+    graph = onnx.load(str(path), load_external_data=False).graph
+    constants = {init.name for init in graph.initializer}
+    producer = {out: node.op_type for node in graph.node for out in node.output}
+    return {
+        node.input[1]: producer[node.input[1]]
+        for node in graph.node
+        if node.op_type in ("MatMulInteger", "MatMulIntegerToFloat") and node.input[0] in constants
+    }
+
+
+@pytest.mark.slow
+def test_the_ssm_convolutions_signed_inputs_answer_exactly_as_orts_unsigned_ones_where_int8_sums_are_int32(
+    exports, tokenizer, tmp_path
+):
+    """ORT quantizes every activation to uint8, which with the SSM's constant on the left makes a u8·u8 product
+    (16-bit multiplies in MLAS). `Int8Recipe.ssm_signed_inputs` quantizes those inputs to the same values less
+    128, as int8 (u8·s8, the fast kernels): every convolution's input is int8, Toeplitz and chunked, and on a
+    CPU that sums int8 products in int32 (VNNI, AMX) every answer is exactly ORT's own form's. Elsewhere (AVX2's
+    int16 pair sums) the 8-bit constants can saturate, which is why export writes the form only there."""
+    import onnxruntime as ort
+
+    from export.cpu import has_exact_int8_products
+    from export.gate import gate_batches
+    from export.manifest import read_manifest
+    from export.onnx import Int8Recipe, quantize_int8, write_int8_graph
+
+    export_dir = exports["mlm"]
+    manifest = read_manifest(export_dir)
+    unsigned = Int8Recipe(ssm_convolutions=True, gelu_approximation=True)
+    signed = Int8Recipe(ssm_convolutions=True, gelu_approximation=True, ssm_signed_inputs=True)
+    sessions = {}
+    for bucket in (min(manifest.buckets), max(manifest.buckets)):  # the Toeplitz form and the chunked one
+        src = export_dir / manifest.onnx.buckets[bucket].file
+        for form, recipe, quantizer in (("signed", signed, "QuantizeLinear"), ("unsigned", unsigned, "DynamicQuantizeLinear")):  # fmt: skip
+            quantize_int8(src, tmp_path / f"{bucket}.{form}.raw.onnx", recipe)
+            inputs = _convolution_inputs(tmp_path / f"{bucket}.{form}.raw.onnx")
+            assert inputs and set(inputs.values()) == {quantizer}, (bucket, form, inputs)
+            write_int8_graph(src, tmp_path / f"{bucket}.{form}.onnx", recipe)
+            path = str(tmp_path / f"{bucket}.{form}.onnx")
+            sessions[bucket, form] = ort.InferenceSession(path, providers=["CPUExecutionProvider"])
+    if not has_exact_int8_products():
+        pytest.skip("this CPU sums int8 products in int16 (no VNNI or AMX-INT8): the signed form is not exact here")
+    for bucket in (min(manifest.buckets), max(manifest.buckets)):
+        wanted = {i.name for i in sessions[bucket, "signed"].get_inputs()}
+        for feeds in gate_batches(tokenizer, bucket, fill_mask=True)[:2]:
+            feeds = {k: v for k, v in feeds.items() if k in wanted}
+            got, expected = (sessions[bucket, form].run(None, feeds) for form in ("signed", "unsigned"))
+            for a, b in zip(got, expected, strict=True):
+                np.testing.assert_array_equal(a, b)
+
+
+def test_an_input_that_also_feeds_a_weight_product_keeps_orts_unsigned_quantization(tmp_path):
+    """A weight product's activation is the LEFT operand and must stay uint8 (u8·s8): an input with any use other
+    than a convolution's right operand is left as ORT quantized it; one used by convolutions alone is signed,
+    and only where the recipe asks."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    from export.onnx import Int8Recipe, quantize_int8
+
+    rng = np.random.default_rng(0)
+    T, W = np.tril(rng.standard_normal((8, 8))).astype(np.float32), rng.standard_normal((4, 4)).astype(np.float32)
+    shared, alone = (helper.make_tensor_value_info(n, TensorProto.FLOAT, [1, 8, 4]) for n in ("shared", "alone"))
+    outputs = [helper.make_tensor_value_info(n, TensorProto.FLOAT, [1, 8, 4]) for n in ("a", "b", "c")]
+    graph = helper.make_graph(
+        [
+            helper.make_node("MatMul", ["T", "shared"], ["a"], name="convolution_of_shared"),
+            helper.make_node("MatMul", ["shared", "W"], ["b"], name="weight_product_of_shared"),
+            helper.make_node("MatMul", ["T", "alone"], ["c"], name="convolution_of_alone"),
+        ],
+        "g",
+        [shared, alone],
+        outputs,
+        [numpy_helper.from_array(T, "T"), numpy_helper.from_array(W, "W")],
+    )
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 20)]), tmp_path / "g.onnx")
+    quantize_int8(
+        tmp_path / "g.onnx", tmp_path / "g.int8.onnx", Int8Recipe(ssm_convolutions=True, ssm_signed_inputs=True)
+    )
+    inputs = _convolution_inputs(tmp_path / "g.int8.onnx")
+    assert sorted(inputs.values()) == ["DynamicQuantizeLinear", "QuantizeLinear"], inputs
+    assert next(v for k, v in inputs.items() if k.startswith("alone")) == "QuantizeLinear", inputs
+    quantize_int8(tmp_path / "g.onnx", tmp_path / "g.ort.onnx", Int8Recipe(ssm_convolutions=True))
+    assert set(_convolution_inputs(tmp_path / "g.ort.onnx").values()) == {"DynamicQuantizeLinear"}
+
+
+def test_a_signed_convolution_input_holds_orts_uint8_values_less_128_and_the_same_scale_on_any_cpu(tmp_path):
+    """`signed_convolution_inputs` quantizes a convolution's input again as int8 with ORT's scale and its zero
+    point less 128: the values, the zero point and the scale a convolution reads are ORT's, less 128, exactly, on
+    inputs that reach both ends of the range (elementwise ops: the same on every CPU)."""
+    import onnx
+    import onnxruntime as ort
+    from onnx import TensorProto, helper, numpy_helper
+
+    from export.onnx import Int8Recipe, quantize_int8
+
+    rng = np.random.default_rng(1)
+    T = np.tril(rng.standard_normal((64, 64))).astype(np.float32)
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 64, 8])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 64, 8])
+    graph = helper.make_graph([helper.make_node("MatMul", ["T", "x"], ["y"], name="convolution")], "g", [x], [y],
+                              [numpy_helper.from_array(T, "T")])  # fmt: skip
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 20)]), tmp_path / "g.onnx")
+    read, feeds = {}, (rng.standard_normal((1, 64, 8)) * 5, rng.uniform(0.5, 3, (1, 64, 8)))
+    for form, signed in (("signed", True), ("ort", False)):
+        path = tmp_path / f"g.{form}.onnx"
+        quantize_int8(tmp_path / "g.onnx", path, Int8Recipe(ssm_convolutions=True, ssm_signed_inputs=signed))
+        model = onnx.load(str(path))
+        product = next(n for n in model.graph.node if n.op_type == "MatMulInteger")
+        quantizer = next(n for n in model.graph.node if n.op_type == "DynamicQuantizeLinear")
+        exposed = [product.input[1], quantizer.output[1], product.input[3]]  # values, scale, zero point
+        model.graph.output.extend(onnx.ValueInfoProto(name=name) for name in exposed)
+        session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+        for case, feed in enumerate(feeds):
+            read[form, case] = session.run(exposed, {"x": feed.astype(np.float32)})
+    for case in (0, 1):
+        (values, scale, zero), (ort_values, ort_scale, ort_zero) = read["signed", case], read["ort", case]
+        assert values.dtype == zero.dtype == np.int8 and ort_values.dtype == np.uint8
+        np.testing.assert_array_equal(values.astype(np.int16), ort_values.astype(np.int16) - 128)
+        np.testing.assert_array_equal(zero.astype(np.int16), ort_zero.astype(np.int16) - 128)
+        assert scale == ort_scale and ort_values.max() == 255 and (case == 1 or ort_values.min() == 0)  # both ends
+
+
+@pytest.mark.parametrize(
+    ("flags", "exact"),
+    [(SKYLAKE, False), ({"avx2"}, False), (ZEN4, True), (SAPPHIRE_RAPIDS, True), ({"avx2", "avx_vnni"}, True)],
+)
+def test_int8_sums_are_exact_at_8_bits_only_with_vnni_or_amx_int8(flags, exact):
+    from export.cpu import has_exact_int8_products
+
+    assert has_exact_int8_products(frozenset(flags)) == exact
 
 
 @pytest.mark.slow
