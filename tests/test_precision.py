@@ -592,6 +592,31 @@ def test_auto_with_this_cpus_latency_record_serves_per_bucket_the_fastest_varian
     assert "fp32 at 512: fastest measured on this CPU (10 ms vs " in choice.explain()
 
 
+def test_the_latency_record_runs_a_short_bucket_on_until_its_time_is_spent_and_a_long_one_its_minimum_runs():
+    """export/latency.py `median_ms`: runs that take no time are repeated up to the cap (a 128-token bucket gets
+    many runs, so one neighbour's burst cannot decide `auto`), runs that fill the time get the minimum, and every
+    candidate is called as often as the others (interleaved), one warm-up included."""
+    import time
+
+    from export.latency import median_ms
+
+    calls = {"fp32": 0, "int8": 0}
+
+    def counted(name, seconds=0.0):
+        def run():
+            calls[name] += 1
+            if seconds:
+                time.sleep(seconds)
+
+        return run
+
+    median_ms({name: counted(name) for name in calls}, repeats=5, min_seconds=1e9, max_repeats=17)
+    assert calls == {"fp32": 18, "int8": 18}
+    calls.update(fp32=0, int8=0)
+    median_ms({name: counted(name, 0.01) for name in calls}, repeats=5, min_seconds=0.0, max_repeats=17)
+    assert calls == {"fp32": 6, "int8": 6}
+
+
 @pytest.mark.slow
 def test_auto_with_a_latency_record_from_another_cpu_falls_back_to_the_order_for_this_cpus_flags(
     default_exports, tmp_path
