@@ -322,7 +322,7 @@ class LatencyRecord(_Section):
 
     measured_on: str  # export/cpu.py `cpu_description()`: model name and reduced-precision flags
     how: str
-    # "fp32" and each recorded variant ("int8", "bf16") → bucket → median milliseconds
+    # "fp32" and each recorded variant ("int8", "bf16") → bucket → milliseconds (`how` says of which runs)
     ms: dict[Literal["fp32", "int8", "bf16"], dict[int, float]] = Field(default_factory=dict)
 
 

@@ -593,12 +593,12 @@ def test_auto_with_this_cpus_latency_record_serves_per_bucket_the_fastest_varian
 
 
 def test_the_latency_record_runs_a_short_bucket_on_until_its_time_is_spent_and_a_long_one_its_minimum_runs():
-    """export/latency.py `median_ms`: runs that take no time are repeated up to the cap (a 128-token bucket gets
+    """export/latency.py `interleaved_ms`, as the record calls it: runs that take no time are repeated up to the cap (a 128-token bucket gets
     many runs, so one neighbour's burst cannot decide `auto`), runs that fill the time get the minimum, and every
     candidate is called as often as the others (interleaved), one warm-up included."""
     import time
 
-    from export.latency import median_ms
+    from export.latency import interleaved_ms
 
     calls = {"fp32": 0, "int8": 0}
 
@@ -610,10 +610,10 @@ def test_the_latency_record_runs_a_short_bucket_on_until_its_time_is_spent_and_a
 
         return run
 
-    median_ms({name: counted(name) for name in calls}, repeats=5, min_seconds=1e9, max_repeats=17)
+    interleaved_ms({name: counted(name) for name in calls}, repeats=5, min_seconds=1e9, max_repeats=17)
     assert calls == {"fp32": 18, "int8": 18}
     calls.update(fp32=0, int8=0)
-    median_ms({name: counted(name, 0.01) for name in calls}, repeats=5, min_seconds=0.0, max_repeats=17)
+    interleaved_ms({name: counted(name, 0.01) for name in calls}, repeats=5, min_seconds=0.0, max_repeats=17)
     assert calls == {"fp32": 6, "int8": 6}
 
 
