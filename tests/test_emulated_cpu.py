@@ -15,16 +15,23 @@ BUCKETS = [128, 256]
 
 @pytest.fixture(scope="module")
 def int8_export(tmp_path_factory):
-    """The tiny fill-mask model (tests/service_fixtures.py) exported with an int8 variant at two buckets."""
+    """The tiny fill-mask model (tests/service_fixtures.py) exported with an int8 variant at two buckets, in the
+    form export writes on a CPU without int32 int8 sums (ORT's unsigned SSM inputs, 7-bit weights: exact on every
+    class) whatever this CPU is: the form whose gate is claimed to hold as another class computes it."""
     from service_fixtures import _artifact
 
+    import export.cpu
     from export.build import ExportOptions, export_artifact
+    from export.manifest import read_manifest
 
     root = tmp_path_factory.mktemp("emulated")
     artifact = _artifact(root / "art-mlm", "mlm", 0)
-    export_artifact(
-        artifact, root / "export-mlm", ExportOptions(buckets=BUCKETS, formats=("onnx",), precisions=("int8",))
-    )
+    with pytest.MonkeyPatch.context() as portable:
+        portable.setattr(export.cpu, "has_exact_int8_products", lambda flags=None: False)
+        export_artifact(
+            artifact, root / "export-mlm", ExportOptions(buckets=BUCKETS, formats=("onnx",), precisions=("int8",))
+        )
+    assert not read_manifest(root / "export-mlm").precisions["int8"].search.ssm_inputs_signed
     return root / "export-mlm"
 
 
