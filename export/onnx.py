@@ -333,9 +333,10 @@ def signed_convolution_inputs(path: Path) -> int:
     input is quantized again beside ORT's quantizer, with its scale and its zero point less 128 (the byte's top bit
     flipped, then read as int8: BitwiseXor, Cast), as int8 (QuantizeLinear): each value is the uint8 one less 128,
     so every integer product, and every answer, is the one ORT's own form computes, and the product runs on the
-    u8·s8 kernels. (Flipping every value's top bit instead ran slower: ORT's BitwiseXor is not vectorized.) The constant keeps its 8 bits: exact where the CPU
-    sums products in int32 (VNNI's vpdpbusd, AMX), not on AVX2's vpmaddubsw (`Int8Recipe.ssm_signed_inputs`).
-    Only an input whose every use is the right operand of a product with a constant left one is rewritten."""
+    u8·s8 kernels. (Flipping every value's top bit instead ran slower: ORT's BitwiseXor is not vectorized.) The
+    constant keeps its 8 bits: exact where the CPU sums products in int32 (VNNI's vpdpbusd, AMX), not on AVX2's
+    vpmaddubsw (`Int8Recipe.ssm_signed_inputs`). Only an input whose every use is the right operand of a product
+    with a constant left one is rewritten."""
     model = onnx.load(str(path), load_external_data=False)
     graph = model.graph
     constants = {init.name for init in graph.initializer}
