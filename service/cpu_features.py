@@ -16,9 +16,10 @@ kernels exist but emulate, and are no faster than fp32 or slower):
     avx512_vnni   int8 dot products in AVX-512 (Cascade Lake and later, AMD Zen 4 and later)
     avx_vnni      int8 dot products in AVX2 encoding (Alder Lake, Zen 5)
     avx512_bf16   bf16 dot products in AVX-512 (Cooper Lake, Zen 4): twice fp32's rate, not AMX's 16x
-    avx2          int8 products by pairs summed in int16 (vpmaddubsw): faster than fp32, exact only
-                  with a 7-bit operand: 7-bit weights, which export writes, and the SSM convolutions'
-                  unsigned inputs, which export writes where the CPU has no VNNI (`int8_saturates`)
+    avx2          u8·s8 products by pairs summed in int16 (vpmaddubsw): faster than fp32, exact only
+                  with a 7-bit operand (7-bit weights, which export writes); the SSM convolutions'
+                  u8·u8 products run widened to 16 bits, exact, and export writes them so where the
+                  CPU has no VNNI (`int8_saturates`)
 
 On the CPU the export timed the variants on (the same model name and flags), `auto` serves per
 bucket the fastest of fp32 and the variants that passed there, by those figures: they are this
