@@ -105,7 +105,9 @@ def check_gates(
 ) -> None:
     """Measure every recorded precision variant's gate again here (export/gate.py), at each bucket it was
     recorded at, and add to `report` what no longer holds; only the variants in `precisions` and the
-    buckets in `buckets` where given (bench/emulated_cpu.py, where each bucket costs minutes)."""
+    buckets in `buckets` where given (bench/emulated_cpu.py, where each bucket costs minutes). One bucket's
+    graphs are loaded at a time, as export's final gate does: every bucket of ORT's and OpenVINO's at once
+    held a fill-mask dir's 6 GB on a CPU with bf16 units."""
     from . import gate
 
     has_int8_graphs = manifest.onnx is not None and any(g.int8 for g in manifest.onnx.buckets.values())
@@ -133,29 +135,24 @@ def check_gates(
         report.failures.append(f"no bucket {', '.join(map(str, unknown))} in this dir (buckets: {manifest.buckets})")
         return
     report.cpu = cpu_description()
-    try:
-        inputs = gate.gate_inputs(export_dir, manifest, buckets)
-    except Exception as error:  # no tokenizer, or fp32 graphs that do not load: nothing to measure against
-        report.failures.append(f"accuracy gate: could not load its inputs: {type(error).__name__}: {error}")
-        return
+    chosen: dict[str, list[int]] = {}  # precision → the buckets its gate is measured at here
     for precision, recorded in manifest.precisions.items():
         if precisions is not None and precision not in precisions:
             continue
         if not recorded.gate:  # export records every bucket; a manifest without them has nothing to compare
             report.failures.append(f"{precision}: the manifest records no gate figures for it")
             continue
-        try:
-            runner = gate.variant_runner(export_dir, manifest, precision, buckets)
-            chosen = sorted(b for b in recorded.gate if buckets is None or b in buckets)
-            measured = gate.measure_variant(inputs, runner, manifest.gate.thresholds, buckets=chosen)
-        except gate.VariantUnavailable as why:
-            report.notes.append(f"{precision} gate not measured here: {why} (recorded on {recorded.measured_on})")
-            continue
-        except Exception as error:  # a variant that does not run is a failure, reported as one
-            report.failures.append(f"{precision} accuracy gate: could not run: {type(error).__name__}: {error}")
-            continue
-        report.gates.append(VariantGate(precision, recorded, measured))
-        now_failing = [f"bucket {b}: {f}" for b, m in sorted(measured.items()) for f in m.failures]
+        chosen[precision] = sorted(b for b in recorded.gate if buckets is None or b in buckets)
+    # Bucket by bucket, as export gates (export/gate.py `measure_variants`): one bucket's fp32 sessions and each
+    # variant's graph there are loaded, measured and let go before the next bucket's; fp32 answers once for all
+    measured: dict[str, dict[int, GateMeasured]] = {precision: {} for precision in chosen}
+    for bucket in sorted({b for at in chosen.values() for b in at}):
+        if not _measure_bucket_again(export_dir, manifest, bucket, chosen, measured, report):
+            return
+    for precision, now in measured.items():
+        recorded = manifest.precisions[precision]
+        report.gates.append(VariantGate(precision, recorded, now))
+        now_failing = [f"bucket {b}: {f}" for b, m in sorted(now.items()) for f in m.failures]
         if recorded.passed:
             report.failures += [
                 f"{precision} gate {failure} (passed at export on {recorded.measured_on})" for failure in now_failing
@@ -163,6 +160,39 @@ def check_gates(
         else:
             verdict = "; ".join(now_failing) if now_failing else "passes here"
             report.notes.append(f"{precision} failed its gate at export, so it is not served; here: {verdict}")
+
+
+def _measure_bucket_again(
+    export_dir: Path,
+    manifest: Manifest,
+    bucket: int,
+    chosen: dict[str, list[int]],
+    measured: dict[str, dict[int, GateMeasured]],
+    report: VerifyReport,
+) -> bool:
+    """`check_gates` at one bucket: each variant still in `measured` whose buckets (`chosen`) hold `bucket`,
+    measured there into `measured`; one that cannot run here is noted or failed in `report` and dropped. False
+    where the fp32 reference cannot load (nothing can be measured). What it loads is freed when it returns."""
+    from . import gate
+
+    try:
+        inputs = gate.gate_inputs(export_dir, manifest, [bucket])
+    except Exception as error:  # no tokenizer, or fp32 graphs that do not load: nothing to measure against
+        report.failures.append(f"accuracy gate: could not load its inputs: {type(error).__name__}: {error}")
+        return False
+    reference = gate.GateInputs(inputs.export_dir, manifest, inputs.tokenizer, gate.remembered(inputs.reference))
+    for precision in [p for p in measured if bucket in chosen[p]]:
+        recorded = manifest.precisions[precision]
+        try:
+            runner = gate.variant_runner(export_dir, manifest, precision, [bucket])
+            measured[precision] |= gate.measure_variant(reference, runner, manifest.gate.thresholds, [bucket])
+        except gate.VariantUnavailable as why:
+            report.notes.append(f"{precision} gate not measured here: {why} (recorded on {recorded.measured_on})")
+            del measured[precision]
+        except Exception as error:  # a variant that does not run is a failure, reported as one
+            report.failures.append(f"{precision} accuracy gate: could not run: {type(error).__name__}: {error}")
+            del measured[precision]
+    return True
 
 
 def describe_gate(recorded: GateMeasured, measured: GateMeasured) -> str:

@@ -688,20 +688,15 @@ def test_the_final_gate_records_the_searchs_own_figures_where_it_gated_the_graph
             assert variant.gate[bucket] == measured, (name, bucket)
 
 
-@pytest.mark.slow
-def test_the_final_gate_and_timing_go_bucket_by_bucket_letting_each_buckets_graphs_go_before_the_next_loads(
-    variant_exports, monkeypatch
-):
-    """Holding every bucket of every runtime at once, a bf16 fill-mask export peaked at 6.1 GB (OpenVINO's six
-    compiled graphs beside ORT's sessions). Each bucket's fp32 sessions and variant graphs are loaded alone,
-    and what one bucket loaded is gone when the next bucket's load; the figures are the export's."""
+def _loads_one_bucket_at_a_time(monkeypatch) -> list:
+    """Every fp32 session and variant runner export/gate.py loads from here on, with its bucket, as weakrefs;
+    each load asserts it is of one bucket and that nothing another bucket loaded is still alive."""
     import gc
     import weakref
 
     from export import gate
-    from export.manifest import read_manifest
 
-    loaded: list[tuple[int, weakref.ref]] = []  # every session and variant runner loaded, with its bucket
+    loaded: list[tuple[int, weakref.ref]] = []
 
     def others_alive(bucket: int) -> list[int]:
         gc.collect()
@@ -725,6 +720,20 @@ def test_the_final_gate_and_timing_go_bucket_by_bucket_letting_each_buckets_grap
 
     monkeypatch.setattr(gate, "ort_sessions", sessions)
     monkeypatch.setattr(gate, "variant_runner", runner)
+    return loaded
+
+
+@pytest.mark.slow
+def test_the_final_gate_and_timing_go_bucket_by_bucket_letting_each_buckets_graphs_go_before_the_next_loads(
+    variant_exports, monkeypatch
+):
+    """Holding every bucket of every runtime at once, a bf16 fill-mask export peaked at 6.1 GB (OpenVINO's six
+    compiled graphs beside ORT's sessions). Each bucket's fp32 sessions and variant graphs are loaded alone,
+    and what one bucket loaded is gone when the next bucket's load; the figures are the export's."""
+    from export import gate
+    from export.manifest import read_manifest
+
+    loaded = _loads_one_bucket_at_a_time(monkeypatch)
     export_dir = variant_exports["mlm"]
     exported = read_manifest(export_dir)
     manifest = read_manifest(export_dir)
@@ -739,6 +748,30 @@ def test_the_final_gate_and_timing_go_bucket_by_bucket_letting_each_buckets_grap
             assert measured.embedding_cosine_min == pytest.approx(recorded.embedding_cosine_min, abs=1e-4)
     assert list(manifest.latency.ms) == ["fp32", *exported.precisions]
     assert all(sorted(figures) == VARIANT_BUCKETS for figures in manifest.latency.ms.values())
+
+
+@pytest.mark.slow
+def test_verify_measures_the_gates_bucket_by_bucket_as_export_does_with_the_figures_export_recorded(
+    variant_exports, monkeypatch
+):
+    """`bigs export --verify` (export/verify.py `check_gates`) loads one bucket's graphs at a time too, and gets
+    every variant's recorded figures back."""
+    from export.manifest import read_manifest
+    from export.verify import VerifyReport, check_gates
+
+    loaded = _loads_one_bucket_at_a_time(monkeypatch)
+    export_dir = variant_exports["mlm"]
+    report = VerifyReport(checked_files=0)
+    check_gates(export_dir, read_manifest(export_dir), report)
+    assert report.ok, report.failures
+    assert sorted({b for b, _ in loaded}) == VARIANT_BUCKETS
+    recorded = read_manifest(export_dir).precisions
+    assert [g.precision for g in report.gates] == list(recorded)
+    for variant in report.gates:
+        assert sorted(variant.measured) == VARIANT_BUCKETS
+        for bucket, now in variant.measured.items():
+            then = recorded[variant.precision].gate[bucket]
+            assert now.embedding_cosine_min == pytest.approx(then.embedding_cosine_min, abs=1e-6), bucket
 
 
 @pytest.mark.slow
