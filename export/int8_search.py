@@ -444,7 +444,7 @@ class Int8Plan:
     # the search's own graphs of its buckets, by the chosen recipe (`search_int8`'s third answer): written as
     # they are, not quantized again (the same function of the same graph and recipe would give them back)
     searched_graphs: dict[int, Path] = field(default_factory=dict)
-    workspace: object = None  # what keeps `searched_graphs`' dir until the plan is let go (a TemporaryDirectory)
+    workspace: tempfile.TemporaryDirectory | None = None  # keeps `searched_graphs`' dir until the plan is let go
 
     def write(self, length: int, fp32_graph: Path, dst: Path) -> None:
         if length in self.searched_graphs:

@@ -202,6 +202,16 @@ def test_the_parity_reference_runs_the_encoder_once_per_case_and_its_embeddings_
     np.testing.assert_array_equal(got["logits"], logits)
 
 
+def assert_answers_as_torch(model, session, lengths: list[int], bucket: int) -> None:
+    """The ONNX graph's fill-mask logits at the mask positions and its embeddings, on sequences of `lengths`
+    right-padded to `bucket`, within TOLERANCE of the torch model's."""
+    feeds = padded_inputs(lengths, bucket, model.config.vocab_size, seed=bucket)
+    full, embeddings = torch_reference(model, feeds)
+    logits, got_embeddings = run_onnx(session, feeds)
+    assert np.abs(logits - gather_positions(full, feeds["mask_positions"])).max() < TOLERANCE, bucket
+    assert np.abs(got_embeddings - embeddings).max() < TOLERANCE, bucket
+
+
 @pytest.mark.slow
 def test_long_buckets_traced_in_a_child_process_answer_as_the_model_does(tmp_path, monkeypatch):
     """export/tracing.py: the buckets beyond the int8 search's are traced in a spawned child while the export
@@ -219,11 +229,7 @@ def test_long_buckets_traced_in_a_child_process_answer_as_the_model_does(tmp_pat
     assert from_child == [1024, 2048]
     for bucket in (128, 1024, 2048):
         session = ort.InferenceSession(str(tmp_path / "onnx" / f"{bucket}.onnx"), providers=["CPUExecutionProvider"])
-        feeds = padded_inputs([bucket, bucket // 2 + 1, 7], bucket, model.config.vocab_size, seed=bucket)
-        full, embeddings = torch_reference(model, feeds)
-        logits, got_embeddings = run_onnx(session, feeds)
-        assert np.abs(logits - gather_positions(full, feeds["mask_positions"])).max() < TOLERANCE, bucket
-        assert np.abs(got_embeddings - embeddings).max() < TOLERANCE, bucket
+        assert_answers_as_torch(model, session, [bucket, bucket // 2 + 1, 7], bucket)
 
 
 @pytest.mark.slow
@@ -352,11 +358,7 @@ def test_onnx_every_bucket_matches_torch_at_batch_1_and_5(mlm):
     assert sorted(sessions) == MLM_BUCKETS
     for bucket, session in sessions.items():
         for lengths in ([bucket // 3], [bucket, bucket - 1, bucket // 2, 9, 2]):  # padded inside the bucket
-            feeds = padded_inputs(lengths, bucket, model.config.vocab_size, seed=bucket)
-            full, embeddings = torch_reference(model, feeds)
-            logits, got_embeddings = run_onnx(session, feeds)
-            assert np.abs(logits - gather_positions(full, feeds["mask_positions"])).max() < TOLERANCE, bucket
-            assert np.abs(got_embeddings - embeddings).max() < TOLERANCE, bucket
+            assert_answers_as_torch(model, session, lengths, bucket)
 
 
 @pytest.mark.slow
