@@ -303,7 +303,7 @@ class PrecisionVariant(_Section):
         """Which of its int8 products have two 8-bit operands, in words ("" where none): those whose pairs of
         products can exceed int16, exact only on a CPU that sums them in int32 (service/cpu_features.py)."""
         which = ["8-bit weights"] if self.weight_bits > 7 else []
-        if self.search is not None and self.search.ssm_convolutions and self.search.ssm_inputs_signed:
+        if self.search is not None and self.search.ssm_inputs_signed:  # set only where the SSM lever was taken
             which.append("SSM convolutions' 8-bit constants times signed inputs")
         return " and ".join(which)
 
