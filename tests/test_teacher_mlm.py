@@ -71,6 +71,29 @@ def test_the_logit_loss_counts_masked_positions_only_and_scales_by_t_squared():
     assert float(logit_distillation_sum(student, teacher, LABELS, temp)) == pytest.approx(expected, rel=1e-4)
 
 
+def test_where_the_teacher_is_right_the_logit_loss_counts_only_positions_whose_token_is_its_first_answer():
+    teacher, student = random_logits(0), random_logits(1)
+    top1 = np.asarray(jnp.argmax(teacher, axis=-1))
+    # labels: the teacher's first answer at three masked positions, another token at the others
+    labels = np.where(np.asarray(LABELS) == -100, -100, (top1 + 1) % V)
+    right = [(0, 1), (2, 0), (2, 3)]
+    for b, p in right:
+        labels[b, p] = top1[b, p]
+    labels = jnp.asarray(labels)
+    only_right = float(logit_distillation_sum(student, teacher, labels, 2.0, where_teacher_right=True))
+    # the same sum as the plain loss over a label set that keeps just those three positions
+    kept = np.full_like(np.asarray(LABELS), -100)
+    for b, p in right:
+        kept[b, p] = int(labels[b, p])
+    assert only_right == pytest.approx(
+        float(logit_distillation_sum(student, teacher, jnp.asarray(kept), 2.0)), rel=1e-6
+    )
+    assert 0 < only_right < float(logit_distillation_sum(student, teacher, labels, 2.0))
+    # a teacher wrong everywhere teaches nothing
+    wrong = jnp.asarray(np.where(np.asarray(LABELS) == -100, -100, (top1 + 1) % V))
+    assert float(logit_distillation_sum(student, teacher, wrong, 2.0, where_teacher_right=True)) == 0.0
+
+
 def test_a_logit_weight_needs_a_logits_teacher():
     with pytest.raises(ValueError, match="needs logits_teacher"):
         DistillSettings(logits_weight=1.0)

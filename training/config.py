@@ -141,6 +141,11 @@ class DistillSettings(_Section):
         0.0, ge=0, description="weight of the KL divergence from logits_teacher's to the student's distributions"
     )
     temperature: float = Field(2.0, gt=0, description="softens both distributions of the logit loss (× T²)")
+    logits_where: Literal["masked", "teacher_right"] = Field(
+        "masked",
+        description="the positions the logit loss counts: every masked one, or only those whose token is "
+        "logits_teacher's first answer (where it knows the word; the MLM loss alone teaches the rest)",
+    )
 
     @model_validator(mode="after")
     def logits_need_a_teacher(self) -> DistillSettings:

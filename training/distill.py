@@ -114,11 +114,17 @@ def sentence_embedding_loss(student_last_hidden, real_tokens, projection: dict, 
     return jnp.mean(one_minus_cosine(student, jax.lax.stop_gradient(teacher_embedding.astype(jnp.float32))))
 
 
-def logit_distillation_sum(student_logits, teacher_logits, labels, temperature: float):
+def logit_distillation_sum(student_logits, teacher_logits, labels, temperature: float, where_teacher_right=False):
     """Σ over the masked positions (labels != −100) of T² · KL(softmax(t/T) ‖ softmax(s/T)), logits
     (B, P, V) at the same positions. KL is computed from log-softmaxes (no 0 · log 0), and is ≥ 0 up to
-    rounding; exactly 0 where the two distributions are equal."""
+    rounding; exactly 0 where the two distributions are equal.
+
+    `where_teacher_right` counts only the masked positions whose original token is the teacher's first
+    answer: a teacher weaker than the student on part of the corpus then teaches its distribution (the
+    near-synonyms beside the word) where it knows the word, and the MLM loss alone teaches the rest."""
     counted = (labels != -100).astype(jnp.float32)
+    if where_teacher_right:
+        counted = counted * (jnp.argmax(teacher_logits, axis=-1) == labels).astype(jnp.float32)
     log_p_teacher = jax.nn.log_softmax(jax.lax.stop_gradient(teacher_logits).astype(jnp.float32) / temperature)
     log_p_student = jax.nn.log_softmax(student_logits.astype(jnp.float32) / temperature)
     kl = jnp.sum(jnp.exp(log_p_teacher) * (log_p_teacher - log_p_student), axis=-1)  # (B, P)
@@ -247,7 +253,10 @@ class DistilledMLM(_TeacherObjective):
         mlm_sum, count, extra = mlm_loss_sums(logits, labels)
         distilled, parts = self.weighted(losses, count.astype(jnp.float32))
         if teacher_logits is not None:
-            logits_sum = logit_distillation_sum(logits, teacher_logits, labels, self.settings.temperature)
+            logits_sum = logit_distillation_sum(
+                logits, teacher_logits, labels, self.settings.temperature,
+                where_teacher_right=self.settings.logits_where == "teacher_right",
+            )  # fmt: skip
             distilled = distilled + self.settings.logits_weight * logits_sum
             parts["logits_loss"] = logits_sum
         return mlm_sum + distilled, count, {**extra, "mlm_loss": mlm_sum, **parts}
