@@ -351,6 +351,22 @@ def test_model_card_of_a_distilled_model_names_its_teacher_its_evaluation_and_it
     assert "- machine: Some CPU" in body
     assert "| cloze (plain English) | top-5 | 0.2500 | 116 |" in body and "→ france, it" in body
     assert "## Limitations\n\nIt knows little about sports." in body
+    assert "teacher masked LM" not in body  # no logit loss weighted: none named
+
+
+def test_model_card_of_a_student_of_a_teacher_mlm_names_the_logit_loss(tmp_path):
+    directory = init(tmp_path / "m")
+    card = json.loads((directory / "training_card.json").read_text())
+    card.update(stage="extend", distill={
+        "teacher_name": "all-MiniLM-L6-v2", "layer_pairs": [[1, 1]], "logits_teacher": {"path": "runs/t/artifact"},
+        "settings": {"hidden_weight": 0.0, "hidden_kind": "cosine", "embedding_weight": 0.5, "logits_weight": 1.0,
+                     "temperature": 2.0, "logits_where": "teacher_right"},
+    })  # fmt: skip
+    (directory / "training_card.json").write_text(json.dumps(card))
+    bigs_cli.main(["hub-files", str(directory)])
+    body = (directory / "README.md").read_text()
+    assert "- the answers of a teacher masked LM (runs/t/artifact, reading the masked text)" in body
+    assert "(whose token is its first answer), weight 1.0, T = 2.0" in body
 
 
 def test_hub_files_keeps_a_readme_it_did_not_write(tmp_path):

@@ -470,6 +470,14 @@ def distillation_lines(distill: dict | None, stage: str | None = None) -> list[s
         f"(student, teacher) layer pairs {distill.get('layer_pairs')}",
         f"- sentence embedding: weight {settings.get('embedding_weight')}",
     ]
+    logits_teacher = distill.get("logits_teacher")
+    if logits_teacher and (settings.get("logits_weight") or 0) > 0:
+        where = "whose token is its first answer" if settings.get("logits_where") == "teacher_right" else "all"
+        lines.append(
+            f"- the answers of a teacher masked LM ({logits_teacher.get('path')}, reading the masked text): "
+            f"T² · KL at the masked positions ({where}), weight {settings.get('logits_weight')}, "
+            f"T = {settings.get('temperature')}"
+        )
     init = distill.get("init_from_teacher")
     if init:
         fraction = (init.get("pca") or {}).get("explained_variance_fraction")
