@@ -20,17 +20,21 @@ Candidates (those the dir and this install have):
                              first (SmoothQuant-style, factors from the gate's text at the bucket:
                              export/int8_search.py `rank_products`): the search's second try
     ort-int8-no-levers       ort-int8's own recipe (`export_recipe`: its smoothing, the products it left fp32)
-                             with neither lever of the search's step 4; written as export writes ort-int8
+                             with no lever of the search's step 4; written as export writes ort-int8
     ort-int8-ssm             the same with the SSM convolutions in int8 too (the Toeplitz T up to 512, the
                              chunked form's constants beyond): each constant uint8, the input quantized per call
                              to uint8 as ORT does (u8·u8 products)
-    ort-int8-tanh-gelu       the same with GELU in its tanh form (ORT's GeluApproximation)
-    ort-int8-ssm-tanh-gelu   both
-    ort-int8-ssm-signed-tanh-gelu  both, the convolutions' inputs quantized signed (u8·s8 products, the same
+    ort-int8-ssm-signed      the same, the convolutions' inputs quantized signed (u8·s8 products, the same
                              answers; export/onnx.py `signed_convolution_inputs`): what export writes where the
-                             CPU sums int8 products in int32 (VNNI, AMX). The columns set their levers at every
-                             bucket asked; export writes each bucket with the levers its gate kept (the
-                             manifest's `search.levers_at`), so at each bucket one of them is ort-int8 made again
+                             CPU sums int8 products in int32 (VNNI, AMX)
+    ort-int8-ssm-signed-tanh-gelu  the same with GELU in its tanh form (ORT's GeluApproximation): a lever of the
+                             search until the exact rewrites below made the erf GELU as fast
+    ort-int8-ssm-signed-unfolded   ort-int8-ssm-signed without the exact rewrites (export/int8_graph.py): each
+                             GELU adds its product's bias in a pass of its own, every smoothing factor a Mul
+    ort-int8-ssm-signed-tanh-gelu-unfolded  both undone: what export wrote before the rewrites on such a CPU
+                             The columns set their levers at every bucket asked; export writes each bucket with
+                             the levers its gate kept (the manifest's `search.levers_at`), so at each bucket one
+                             of them is ort-int8 made again
     ort-int8-static          static QDQ, weights per channel, activation ranges calibrated (MinMax) on the
                              gate's real text at the bucket (`gate_batches`): the most favourable calibration
     ort-int8-blockwise       MatMulNBits 8-bit, weights in blocks of 32, activations quantized per row and
@@ -109,9 +113,24 @@ def _methods() -> dict[str, Make]:
 LEVERS = {
     "ort-int8-no-levers": {"ssm_convolutions": False, "gelu_approximation": False},
     "ort-int8-ssm": {"ssm_convolutions": True, "gelu_approximation": False, "ssm_signed_inputs": False},
-    "ort-int8-tanh-gelu": {"ssm_convolutions": False, "gelu_approximation": True},
-    "ort-int8-ssm-tanh-gelu": {"ssm_convolutions": True, "gelu_approximation": True, "ssm_signed_inputs": False},
+    "ort-int8-ssm-signed": {"ssm_convolutions": True, "gelu_approximation": False, "ssm_signed_inputs": True},
     "ort-int8-ssm-signed-tanh-gelu": {"ssm_convolutions": True, "gelu_approximation": True, "ssm_signed_inputs": True},
+    # the exact rewrites off (export/int8_graph.py): each GELU adds its bias itself, every smoothing factor in a Mul
+    "ort-int8-ssm-signed-unfolded": {
+        "ssm_convolutions": True,
+        "gelu_approximation": False,
+        "ssm_signed_inputs": True,
+        "biases_in_products": False,
+        "smoothing_folded": False,
+    },
+    # the graphs export wrote before the rewrites, on a CPU with int32 sums: tanh GELU adding its bias, Muls for s
+    "ort-int8-ssm-signed-tanh-gelu-unfolded": {
+        "ssm_convolutions": True,
+        "gelu_approximation": True,
+        "ssm_signed_inputs": True,
+        "biases_in_products": False,
+        "smoothing_folded": False,
+    },
 }
 
 # The int8 graphs of `_methods` that OpenVINO also runs (with --quantize): its column → the method whose graphs

@@ -187,11 +187,13 @@ def measure_gate(
 
 VARIANT_HOW = {
     "int8": "ONNX Runtime, the int8 graphs: MatMul weights 7-bit per output channel (exact integer products on "
-    "every x86 int8 kernel), activations quantized per call (dynamic), after smoothing where the search needed it (`search.smoothing`); the SSM convolutions int8 and GELU in its "
-    "tanh form where the search's gate kept them, and at each longer bucket where that bucket's gate kept them too "
-    "(`search.ssm_convolutions`, `search.gelu_approximation`, `search.long_buckets`); the weight products the int8 "
-    "search left in fp32 (`search`), the SSM convolutions elsewhere, the Gemm heads, embeddings, LayerNorm and "
-    "softmax fp32 (export/onnx.py, export/int8_search.py)",
+    "every x86 int8 kernel), activations quantized per call (dynamic), after smoothing where the search needed it (`search.smoothing`); the SSM convolutions int8 "
+    "where the search's gate kept them, and at each longer bucket where that bucket's gate kept them too "
+    "(`search.ssm_convolutions`, `search.long_buckets`); each GELU after an int8 product reading the product "
+    "with its bias added, and the smoothing factors a LayerNorm or a gate's linear can take folded there "
+    "(`search.biases_in_products`, `search.smoothing_folded`: exact rewrites, export/int8_graph.py); the weight "
+    "products the int8 search left in fp32 (`search`), the SSM convolutions elsewhere, the Gemm heads, "
+    "embeddings, LayerNorm and softmax fp32 (export/onnx.py, export/int8_search.py)",
     "bf16": "OpenVINO CPU, the fp32 graphs at INFERENCE_PRECISION_HINT=bf16 (AMX or AVX512_BF16 products, "
     "fp32 accumulation; export/openvino_runtime.py)",
 }

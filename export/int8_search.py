@@ -37,13 +37,14 @@ to 512 (32 sequences a bucket; fewer beyond):
    quantizations and gates at each search bucket, seconds each on 2 cores: within export's
    first-minutes budget.
 
-4. Levers on the fp32 remainder. With the weight products settled, the rest of the graph is what
-   limits int8's speed-up (GELU, the SSM convolutions, the gates' products: docs/BENCHMARKS.md). Two
-   levers of ONNX Runtime's own are tried on top of the chosen recipe (`LEVER_TRIES`), each gated like
-   any try: the SSM convolutions in int8 too with GELU in its tanh form, else the tanh GELU alone; the
-   first that passes is kept, none where neither does. On bigs-mini-news on an AVX2-only EPYC they took
-   the served graph from 1.21x to 1.35x fp32 at 512 tokens; the SSM convolutions alone cost it one
-   classification of 32 at 512, which is why they are gated per model, never assumed.
+4. A lever on the fp32 remainder. With the weight products settled, the rest of the graph is what
+   limits int8's speed-up (GELU, the SSM convolutions, the gates' products: docs/BENCHMARKS.md). The SSM
+   convolutions in int8 too, through ONNX Runtime's own quantizer, are tried on top of the chosen recipe
+   (`LEVER_TRIES`) and gated like any try; kept where it passes. On bigs-mini-news on an AVX2-only EPYC
+   they cost one classification of 32 at 512 alone, which is why they are gated per model, never assumed.
+   (GELU's tanh form was a second lever until every GELU read its product's bias, export/int8_graph.py:
+   the exact GELU has been as fast since. The passes the graph sheds exactly are not levers: every int8
+   graph is written with them.)
 5. The longer buckets (`Int8Plan`). The search's gate speaks for its buckets only, and a lever's error
    is not the same at every length (bigs-mini-news's tanh GELU alone passed at 128 and 512 and missed at
    1,024 by one classification of 16). So at each bucket longer than the search's, export writes the
@@ -90,8 +91,10 @@ SMOOTHING_ALPHA = 0.5  # SmoothQuant's: the range split evenly between activatio
 # Products left in fp32 after the all-int8 tries: those whose error is above these fractions of the largest
 EXCLUSION_STEPS = (1 / 2, 1 / 4, 1 / 8)
 REFINE_TRIES = 2  # halvings between the last failing and the first passing count
-# Step 4's levers, in order, each on top of the chosen recipe (export/onnx.py `Int8Recipe`): the first to pass is kept
-LEVER_TRIES = ({"ssm_convolutions": True, "gelu_approximation": True}, {"gelu_approximation": True})
+# Step 4's levers, in order, each on top of the chosen recipe (export/onnx.py `Int8Recipe`): the first to pass is
+# kept. GELU's tanh form was one until each GELU read its product's bias (export/int8_graph.py): since, the exact
+# GELU is as fast (docs/BENCHMARKS.md), so the tanh form would cost accuracy and buy nothing.
+LEVER_TRIES = ({"ssm_convolutions": True},)
 # unsmoothed, smoothed twice, the steps, the halvings, the levers
 MAX_TRIES = 3 + len(EXCLUSION_STEPS) + REFINE_TRIES + len(LEVER_TRIES)
 SMOOTHING = f"SmoothQuant-style (x / s)·(s W) before dynamic int8, s_j = max|x_j|^{SMOOTHING_ALPHA} / max|W_j|^{1 - SMOOTHING_ALPHA} per input channel, from the gate text's activations at the buckets `calibrated_at` names"
@@ -424,6 +427,8 @@ def search_int8(
         ssm_convolutions=chosen.ssm_convolutions,
         gelu_approximation=chosen.gelu_approximation,
         ssm_inputs_signed=chosen.ssm_convolutions and chosen.ssm_signed_inputs,
+        biases_in_products=chosen.biases_in_products,
+        smoothing_folded=chosen.smoothing_folded and smoothed,
     )
     return chosen, record, kept
 
@@ -500,6 +505,8 @@ def export_recipe(export_dir: Path, manifest, tokenizer) -> Int8Recipe:
         ssm_convolutions=search.ssm_convolutions,
         gelu_approximation=search.gelu_approximation,
         ssm_signed_inputs=search.ssm_inputs_signed,
+        biases_in_products=search.biases_in_products,
+        smoothing_folded=search.smoothing_folded,
     )
     if search.smoothing is None:
         return recipe

@@ -246,6 +246,11 @@ class Int8Search(_Section):
     # step 5: the levers tried again at each bucket longer than `gated_at`, each with that bucket's gate ({}
     # where none were kept, or in a dir written before: those buckets were quantized without them)
     long_buckets: dict[int, LeverGate] = Field(default_factory=dict)
+    # the exact rewrites every graph was written with (export/int8_graph.py; False in a dir written before them):
+    # each GELU after an int8 product reads it with its bias added, and the smoothing factors a LayerNorm or a
+    # gate's linear can take are there rather than in a Mul
+    biases_in_products: bool = False
+    smoothing_folded: bool = False
 
     def levers_at(self, bucket: int) -> tuple[bool, bool]:
         """(SSM convolutions int8, tanh GELU): the levers `bucket`'s int8 graph was made with."""

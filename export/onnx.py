@@ -44,6 +44,7 @@ import torch
 from onnx import numpy_helper
 
 from .heads import MASK_POSITIONS
+from .int8_graph import biases_into_products, fold_smoothing
 from .manifest import OnnxSection
 from .modules import Formulation, SentenceEmbedding, export_wrapper, formulation_for, frozen_ssms
 
@@ -202,6 +203,12 @@ class Int8Recipe:
     # exceed int16: exact only on a CPU that sums in int32 (export/cpu.py `has_exact_int8_products`), which is
     # where export takes it (export/build.py); elsewhere ORT's unsigned form, exact on every kernel.
     ssm_signed_inputs: bool = False
+    # Two exact rewrites that take fp32 passes off the graph (export/int8_graph.py), the same answers: each GELU
+    # after an int8 product reads the product with its bias added (`biases_into_products`), and a smoothing
+    # factor goes into the LayerNorm or the gate's linear before it where one can take it (`fold_smoothing`).
+    # False only to measure what they buy (bench/precision.py) or to rebuild a dir written before them.
+    biases_in_products: bool = True
+    smoothing_folded: bool = True
 
     @property
     def weight_bits(self) -> int:
@@ -229,11 +236,14 @@ def weight_products(model: onnx.ModelProto) -> list[onnx.NodeProto]:
 SMOOTHED_SUFFIX = ".smoothed"  # a smoothed product's scaled weight: its own tensor, the fp32 graph's is untouched
 
 
-def smooth_products(src: Path, dst: Path, smoothing: dict[str, np.ndarray], skip: frozenset[str]) -> int:
+def smooth_products(
+    src: Path, dst: Path, smoothing: dict[str, np.ndarray], skip: frozenset[str], fold: bool = True
+) -> int:
     """The graph `src` with each weight product whose weight is in `smoothing` (and not in `skip`) computed
     as (x / s)·(s W): a Mul by 1/s on its input, and its weight scaled by s under a name of its own
-    (`SMOOTHED_SUFFIX`). The same products in fp32; written to `dst` with its weights beside it. Returns
-    how many products were smoothed."""
+    (`SMOOTHED_SUFFIX`); with `fold`, each 1/s that a LayerNorm or a gate's linear before it can take goes
+    there instead of into its Mul (export/int8_graph.py `fold_smoothing`). The same products in fp32; written to
+    `dst` with its weights beside it. Returns how many products were smoothed."""
     model = onnx.load(str(src), load_external_data=True)
     initializers = {init.name: init for init in model.graph.initializer}
     products = {n.name for n in weight_products(model)}
@@ -259,6 +269,9 @@ def smooth_products(src: Path, dst: Path, smoothing: dict[str, np.ndarray], skip
         smoothed += 1
     del model.graph.node[:]
     model.graph.node.extend(nodes)
+    if fold:
+        is_smoothing = lambda n: n.op_type == "Mul" and n.name.endswith(SMOOTHED_SUFFIX)  # noqa: E731
+        fold_smoothing(model, initializers, is_smoothing, skip)
     onnx.save(model, str(dst), save_as_external_data=True, location=f"{dst.name}.weights")
     return smoothed
 
@@ -272,7 +285,7 @@ def quantize_int8(src: Path, dst: Path, recipe: Int8Recipe | None = None, per_ch
     with tempfile.TemporaryDirectory(prefix="bigs-smooth-") as tmp:
         if recipe.smoothing:
             smoothed = Path(tmp) / "smoothed.onnx"
-            smooth_products(src, smoothed, recipe.smoothing, recipe.fp32_weights)
+            smooth_products(src, smoothed, recipe.smoothing, recipe.fp32_weights, recipe.smoothing_folded)
             src = smoothed
         _quantize_dynamic(src, dst, recipe, per_channel)
 
@@ -280,12 +293,15 @@ def quantize_int8(src: Path, dst: Path, recipe: Int8Recipe | None = None, per_ch
 def write_int8_graph(src: Path, dst: Path, recipe: Int8Recipe) -> None:
     """The int8 graph of the fp32 graph `src` as `bigs export` serves it, written to `dst` (weights in
     `dst`.data): quantized by `recipe` (`quantize_int8`), then optimised offline like every graph, with GELU in
-    its tanh form where the recipe keeps that lever (`ort_optimize`). What the export writes, what the int8
+    its tanh form where the recipe asks for it (`ort_optimize`), then each GELU's bias moved into the int8
+    product before it (export/int8_graph.py `biases_into_products`). What the export writes, what the int8
     search gates and what `bigs bench precision` times are this one function's graph."""
     with tempfile.TemporaryDirectory(prefix="bigs-int8-") as tmp:
         raw = Path(tmp) / f"{dst.stem}.raw.onnx"
         quantize_int8(src, raw, recipe)
         ort_optimize(raw, dst, recipe.gelu_approximation)
+    if recipe.biases_in_products:
+        biases_into_products(dst)
 
 
 def copy_graph(src: Path, dst: Path) -> None:

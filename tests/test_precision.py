@@ -1230,9 +1230,9 @@ def test_every_weight_product_an_export_leaves_in_fp32_is_named_in_its_manifest(
 
 @pytest.mark.slow
 def test_the_search_tries_the_levers_on_the_chosen_recipe_last_and_the_graphs_carry_the_ones_it_kept(variant_exports):
-    """Step 4 of the int8 search: with the weight products settled, the SSM convolutions in int8
-    with GELU's tanh form, else the tanh GELU alone, each gated like any try; the first that passes is what
-    the graphs are made with, and the manifest says which."""
+    """Step 4 of the int8 search: with the weight products settled, the SSM convolutions in int8 (`LEVER_TRIES`),
+    gated like any try; where it passes the graphs are made with it, and the manifest says so. Every graph is
+    written with the exact rewrites, and the manifest says that too."""
     import onnx
 
     from export.cpu import has_exact_int8_products
@@ -1264,6 +1264,7 @@ def test_the_search_tries_the_levers_on_the_chosen_recipe_last_and_the_graphs_ca
                 quantized_by = set(_convolution_inputs(graph).values())
                 assert quantized_by == {"QuantizeLinear" if search.ssm_inputs_signed else "DynamicQuantizeLinear"}
         assert search.ssm_inputs_signed == (search.ssm_convolutions and has_exact_int8_products()), name
+        assert search.biases_in_products and search.smoothing_folded == (search.smoothing is not None), name
         longer = [b for b in manifest.buckets if b > max(search.gated_at)]
         if search.ssm_convolutions or search.gelu_approximation:  # step 5: each longer bucket gated with them
             assert sorted(search.long_buckets) == longer, name
@@ -1719,10 +1720,7 @@ def test_the_int8_recipe_rebuilt_from_the_manifest_makes_the_served_graph_again_
             np.testing.assert_array_equal(got[name], expected[name], err_msg=name)
         for lever, sessions in columns.items():
             embeddings = ort_runner(sessions)(bucket, feeds)["embeddings"]
-            if LEVERS[lever] == {
-                "ssm_convolutions": recipe.ssm_convolutions,
-                "gelu_approximation": recipe.gelu_approximation,
-            }:
+            if all(getattr(recipe, field) == value for field, value in LEVERS[lever].items()):
                 np.testing.assert_array_equal(embeddings, expected["embeddings"], err_msg=lever)
             cosine = np.sum(embeddings * expected["embeddings"], -1) / (
                 np.linalg.norm(embeddings, axis=-1) * np.linalg.norm(expected["embeddings"], axis=-1)
