@@ -46,11 +46,13 @@ to 512 (32 sequences a bucket; fewer beyond):
    the exact GELU has been as fast since. The passes the graph sheds exactly are not levers: every int8
    graph is written with them.)
 5. The longer buckets (`Int8Plan`). The search's gate speaks for its buckets only, and a lever's error
-   is not the same at every length (bigs-mini-news's tanh GELU alone passed at 128 and 512 and missed at
-   1,024 by one classification of 16). So at each bucket longer than the search's, export writes the
-   graph with the levers kept, gates it there on the gate's text (a few seconds: fewer, longer
-   sequences), keeps it where it passes and writes it again without them where it fails; each such gate
-   is recorded (`Int8Search.long_buckets`). There the SSM lever takes the chunked form's products (its
+   is not the same at every length, either way: bigs-mini-news's tanh GELU alone passed at 128 and 512
+   and missed at 1,024 by one classification of 16, and its SSM lever, refused at 512 by a sequence whose
+   two fp32 logits were 0.03 apart, passed at 2,048 and 4,096. So at each bucket longer than the search's,
+   export writes the graph with the lever whether or not the search's buckets kept it (where some try
+   passed there), gates it there on the gate's text (a few seconds: fewer, longer sequences), keeps it
+   where it passes and writes it again without where it fails; each such gate is recorded
+   (`Int8Search.long_buckets`). There the SSM lever takes the chunked form's products (its
    (c, c), (2N, c), (c, 2N) and carry constants): at 4,096 tokens on the AVX2-only EPYC, 83 ms of SSM
    products in int8 (their quantization included) against 108 in fp32, on bigs-mini-news. The search's
    own buckets are written from the graphs the chosen try gated (`search_int8`'s `keep`): the same
@@ -455,14 +457,20 @@ class Int8Plan:
         if length in self.searched_graphs:
             copy_graph(self.searched_graphs.pop(length), dst)
             return
-        write_int8_graph(fp32_graph, dst, self.recipe)
-        if length <= max(self.record.gated_at) or not self.recipe.has_levers:
-            return  # the search's gate spoke for this bucket, or there is no lever to gate
+        if length <= max(self.record.gated_at) or not self.record.passed:
+            write_int8_graph(fp32_graph, dst, self.recipe)
+            return  # the search's gate spoke for this bucket, or no recipe passed it to take a lever on
+        # the lever at this bucket on this bucket's gate, whether or not the search's buckets kept it: its error is
+        # not the same at every length, either way (a near-tie at 512 can refuse what 4,096 keeps)
+        levered = replace(self.recipe, **LEVER_TRIES[0])
+        write_int8_graph(fp32_graph, dst, levered)
         reference, variant = (ort_runner({length: _session(graph)}) for graph in (fp32_graph, dst))
         gate = measure_gate(self.tokenizer, length, self.head, reference, variant, self.thresholds)
-        tried = LeverGate(ssm_convolutions=self.recipe.ssm_convolutions,
-                          gelu_approximation=self.recipe.gelu_approximation, gate=gate)  # fmt: skip
+        tried = LeverGate(ssm_convolutions=levered.ssm_convolutions,
+                          gelu_approximation=levered.gelu_approximation, gate=gate)  # fmt: skip
         self.record.long_buckets[length] = tried
+        if tried.passed and levered.ssm_convolutions:  # the form its convolutions' inputs were quantized in
+            self.record.ssm_inputs_signed = levered.ssm_signed_inputs
         if not tried.passed:
             write_int8_graph(fp32_graph, dst, self.recipe.without_levers())
         if self.done is not None:

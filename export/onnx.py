@@ -214,10 +214,6 @@ class Int8Recipe:
     def weight_bits(self) -> int:
         return 7 if self.reduce_range else 8
 
-    @property
-    def has_levers(self) -> bool:
-        return self.ssm_convolutions or self.gelu_approximation
-
     def without_levers(self) -> Int8Recipe:
         """The same weight products, smoothing and bits, with neither lever: what a bucket whose own gate
         refused the levers is written with (export/int8_search.py `Int8Plan`)."""

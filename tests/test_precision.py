@@ -1263,19 +1263,15 @@ def test_the_search_tries_the_levers_on_the_chosen_recipe_last_and_the_graphs_ca
             if ssm:  # the inputs signed (u8·s8) only where this CPU sums int8 products in int32
                 quantized_by = set(_convolution_inputs(graph).values())
                 assert quantized_by == {"QuantizeLinear" if search.ssm_inputs_signed else "DynamicQuantizeLinear"}
-        assert search.ssm_inputs_signed == (search.ssm_convolutions and has_exact_int8_products()), name
+        levered = [b for b in manifest.buckets if search.levers_at(b)[0]]
+        assert search.ssm_inputs_signed == (bool(levered) and has_exact_int8_products()), name
         assert search.biases_in_products and search.smoothing_folded == (search.smoothing is not None), name
+        # step 5: each longer bucket gated with the SSM lever, whatever the search's buckets decided
         longer = [b for b in manifest.buckets if b > max(search.gated_at)]
-        if search.ssm_convolutions or search.gelu_approximation:  # step 5: each longer bucket gated with them
-            assert sorted(search.long_buckets) == longer, name
-            for bucket, tried in search.long_buckets.items():
-                assert (tried.ssm_convolutions, tried.gelu_approximation) == (
-                    search.ssm_convolutions,
-                    search.gelu_approximation,
-                )
-                assert tried.gate.sequences == manifest.precisions["int8"].gate[bucket].sequences, (name, bucket)
-        else:
-            assert search.long_buckets == {}, name
+        assert sorted(search.long_buckets) == longer, name
+        for bucket, tried in search.long_buckets.items():
+            assert (tried.ssm_convolutions, tried.gelu_approximation) == (True, False)
+            assert tried.gate.sequences == manifest.precisions["int8"].gate[bucket].sequences, (name, bucket)
 
 
 @pytest.mark.slow
@@ -1732,10 +1728,12 @@ def test_the_int8_recipe_rebuilt_from_the_manifest_makes_the_served_graph_again_
 def test_a_longer_bucket_whose_own_gate_refuses_the_levers_is_written_without_them_and_the_record_says_so(
     variant_exports, tokenizer, tmp_path
 ):
-    """Step 5 (export/int8_search.py `Int8Plan`): past the buckets the search gated, a bucket keeps the levers
-    only on its own gate's word. Under thresholds no variant meets, the 1,024 bucket's gate fails: its graph is
-    written again by the recipe without levers (the same graph as that recipe gives), the failed gate is in
-    the record, and `levers_at` says none; a bucket the search gated is written with the levers, ungated."""
+    """Step 5 (export/int8_search.py `Int8Plan`): past the buckets the search gated, a bucket takes the lever
+    only on its own gate's word, and does whether or not the search's buckets kept it. Under thresholds no
+    variant meets, the 1,024 bucket's gate fails: its graph is written again by the recipe without levers (the
+    same graph as that recipe gives), the failed gate is in the record, and `levers_at` says none; a bucket the
+    search gated is written with the levers, ungated. Where the search's buckets refused the lever, 1,024 takes
+    it where its own gate passes, and the record says which form its convolutions' inputs have."""
     import onnx
 
     from export.heads import primary_head
@@ -1767,6 +1765,17 @@ def test_a_longer_bucket_whose_own_gate_refuses_the_levers_is_written_without_th
     assert "FastGelu" not in written and "MatMul" in written  # the chunked SSM products fp32 again
     write_int8_graph(fp32[1024], tmp_path / "plain.onnx", recipe.without_levers())
     assert written == ops(tmp_path / "plain.onnx")
+
+    # the other way: the search's buckets refused the lever, a longer bucket takes it on its own gate's word
+    record.long_buckets = {}
+    record.ssm_convolutions = record.gelu_approximation = record.ssm_inputs_signed = False
+    signed = Int8Recipe(ssm_signed_inputs=True)
+    Int8Plan(signed, record, tokenizer, head, GateThresholds()).write(1024, fp32[1024], tmp_path / "taken.onnx")
+    tried = record.long_buckets[1024]
+    assert (tried.ssm_convolutions, tried.gelu_approximation) == (True, False) and tried.passed, tried
+    assert record.levers_at(1024) == (True, False) and record.levers_at(512) == (False, False)
+    assert record.ssm_inputs_signed  # the form its convolutions' inputs take, for the service's int16 check
+    assert "MatMul" not in ops(tmp_path / "taken.onnx")  # every chunked SSM product int8
 
 
 @pytest.mark.slow
