@@ -397,16 +397,21 @@ def cmd_bench(args: argparse.Namespace) -> None:
 
 
 def cmd_eval(args: argparse.Namespace) -> None:
-    from training.evaluation import evaluate
+    from training.evaluation import decide_refusal, evaluate
 
+    if args.refuse_beyond is not None and (args.artifact is None or args.precision not in ("int8", "bf16")):
+        fail("eval", "--refuse-beyond judges one reduced precision of an export against its artifact: give "
+             "--precision int8 or bf16 and --artifact DIR")  # fmt: skip
     try:
         report = evaluate(args.model, args.data_dir, args.precision, args.work_dir, args.teacher)
+        print(report.table())
+        if args.json:
+            Path(args.json).write_text(json.dumps(report.to_json(), indent=2) + "\n")
+            print(f"wrote {args.json}")
+        if args.refuse_beyond is not None:
+            print(decide_refusal(report, Path(args.artifact), args.precision, args.refuse_beyond))
     except (ValueError, FileNotFoundError, KeyError) as error:
         fail("eval", one_line(error))
-    print(report.table())
-    if args.json:
-        Path(args.json).write_text(json.dumps(report.to_json(), indent=2) + "\n")
-        print(f"wrote {args.json}")
 
 
 def config_keys_help() -> str:
@@ -607,6 +612,16 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate.add_argument(
         "--teacher", help="a teacher model dir to compare embeddings with (default: all-MiniLM-L6-v2 where installed)"
     )
+    evaluate.add_argument(
+        "--refuse-beyond",
+        type=float,
+        metavar="POINTS",
+        help="with --precision int8 or bf16 and --artifact: where a figure of the model's, of at least "
+        "1,000 items, falls more than POINTS below the artifact's eval.json, the artifact dir refuses that "
+        "precision (refused_precisions.json: export then writes no such variant by default); within, a "
+        "refusal is taken back",
+    )
+    evaluate.add_argument("--artifact", help="the artifact dir the export was made from (with --refuse-beyond)")
     evaluate.set_defaults(func=cmd_eval)
 
     bench = sub.add_parser("bench", help="run a benchmark of the bench package (bench/)")

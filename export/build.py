@@ -32,7 +32,18 @@ from model.hub import DENSE_DIR, read_dense, write_hub_files
 from . import parity
 from .heads import LABELLED_ARCHITECTURES, heads_for
 from .integrity import file_table, source_table
-from .manifest import Int8Accuracy, Int8Search, Manifest, ModelInfo, Parity, TokenizerInfo, versions
+from .manifest import (
+    REFUSALS_FILE,
+    Int8Accuracy,
+    Int8Search,
+    Manifest,
+    ModelInfo,
+    Parity,
+    RefusedPrecision,
+    TokenizerInfo,
+    read_refusals,
+    versions,
+)
 from .modules import SentenceEmbedding
 from .progress import Job, silent
 from .verify import DEFAULT_TOLERANCE
@@ -103,10 +114,14 @@ class ExportOptions:
             raise ValueError("reduced precisions are variants of the ONNX graphs: add onnx to the formats")
 
 
-def variants_to_write(options: ExportOptions, tokenizer: TokenizerInfo) -> tuple[str, ...]:
+def variants_to_write(
+    options: ExportOptions, tokenizer: TokenizerInfo, refused: dict[str, RefusedPrecision] | None = None
+) -> tuple[str, ...]:
     """The reduced precisions this export writes: those asked for, or for DEFAULT those that can be
-    gated here. The gate runs real text, so a dir without tokenizer.json (an artifact with its own
-    vocabulary and no tokenizer) gets none by default, and export says so; asked for, it is an error."""
+    gated here less those the artifact dir refuses (`refused`, export/manifest.py `REFUSALS_FILE`: its held-out
+    figure lost more than the model allows), each said in a line. The gate runs real text, so a dir without
+    tokenizer.json (an artifact with its own vocabulary and no tokenizer) gets none by default, and export says
+    so; asked for, it is an error."""
     if options.precisions != DEFAULT:
         return tuple(options.precisions)
     if "onnx" not in options.formats:
@@ -114,7 +129,10 @@ def variants_to_write(options: ExportOptions, tokenizer: TokenizerInfo) -> tuple
     if "tokenizer.json" not in tokenizer.files:
         print("no reduced-precision variants: their accuracy gate runs real text and the dir has no tokenizer.json")
         return ()
-    return default_precisions()
+    refused = refused or {}
+    for precision in (p for p in default_precisions() if p in refused):
+        print(f"no {precision} variant: the model dir refuses it: {refused[precision].why()}")
+    return tuple(p for p in default_precisions() if p not in refused)
 
 
 def resolve_buckets(requested: list[int] | None, max_length: int, fixed_length: int | None = None) -> list[int]:
@@ -151,6 +169,8 @@ def copy_artifact(artifact_dir: Path, out_dir: Path) -> None:
     for path in artifact_dir.iterdir():
         if path.is_file():
             shutil.copy2(path, out_dir / path.name)
+    if not (artifact_dir / REFUSALS_FILE).is_file():  # an earlier export's copy of a refusal since taken back
+        (out_dir / REFUSALS_FILE).unlink(missing_ok=True)
     shutil.rmtree(out_dir / DENSE_DIR, ignore_errors=True)
     if (artifact_dir / DENSE_DIR).is_dir():
         shutil.copytree(artifact_dir / DENSE_DIR, out_dir / DENSE_DIR)
@@ -207,8 +227,9 @@ def export_artifact(
     tokenizer = ensure_tokenizer(out_dir, config)
     manifest = describe_artifact(artifact_dir.resolve().name, config, dense, tokenizer, buckets, options)
     manifest.source = source
+    manifest.refused = read_refusals(artifact_dir)
 
-    precisions = variants_to_write(options, manifest.tokenizer)
+    precisions = variants_to_write(options, manifest.tokenizer, manifest.refused)
     if "onnx" in options.formats:
         from .onnx import export_onnx
 
@@ -429,6 +450,8 @@ def summary(manifest: Manifest, out_dir: str | Path) -> str:
                         f"top-1 agreement {acc.top1_agreement:.3f}"
                     )
             lines.append(line)
+    for precision, refusal in manifest.refused.items():
+        lines.append(f"  {precision}: not written, the model dir refuses it: {refusal.why()}")
     for precision, variant in manifest.precisions.items():
         gates = variant.gate.values()
         cosine = min(m.embedding_cosine_min for m in gates)

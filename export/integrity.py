@@ -43,7 +43,8 @@ def file_table(export_dir: Path) -> dict[str, FileEntry]:
 # The artifact files an export is computed from, relative to the artifact dir: the weights, the config,
 # the tokenizer and the embedding projection. An export records their sha256 (`Manifest.source`); when
 # any differs now, the export is not the artifact's any more (`stale_reason`). The model card, eval
-# results and curves are not among them: they change nothing an export computes.
+# results and curves are not among them: they change nothing an export computes. The refused precisions are
+# (export/manifest.py `REFUSALS_FILE`): they change which variants it writes.
 SOURCE_FILES = (
     "config.json",
     "model.safetensors",
@@ -53,6 +54,7 @@ SOURCE_FILES = (
     "special_tokens_map.json",
     "2_Dense/config.json",
     "2_Dense/model.safetensors",
+    "refused_precisions.json",
 )
 
 

@@ -20,6 +20,8 @@ the object down. What it records:
                     and what each costs (export/int8_search.py)
     latency         per way of serving (fp32, int8, bf16) and bucket: the batch-1 latency export measured,
                     and the CPU it measured on (export/latency.py); what `auto` ranks variants by there
+    refused         the reduced precisions the artifact dir refuses (`REFUSALS_FILE`), each with the held-out
+                    figure that lost more than the model allows: export writes none of them by default
     stablehlo       per head and bucket: file, platforms, shapes, measured differences, sha256;
                     the parameter layout when weights are arguments
     versions        of the tools that wrote it
@@ -320,6 +322,61 @@ class PrecisionVariant(_Section):
         return [f"bucket {b}: {f}" for b, m in sorted(self.gate.items()) for f in m.failures]
 
 
+# In an artifact dir: the reduced precisions its model is not to be served at, each with the held-out measurement
+# that refused it (`bigs eval EXPORT_DIR --precision P --refuse-beyond POINTS --artifact DIR` writes it)
+REFUSALS_FILE = "refused_precisions.json"
+
+
+class RefusedPrecision(_Section):
+    """A reduced precision the model is not to be served at: on a held-out figure precise enough to tell
+    (training/evaluation.py `refusal`), the variant as served scored more points below fp32 than `limit`.
+    The accuracy gate (export/gate.py) asks for the same answers on the gate's text; this is what the answers
+    that differ cost on the model's own task."""
+
+    figure: str  # the report's set and metric, e.g. "held-out documents: masked-token accuracy"
+    count: int  # items scored
+    fp32: float  # the artifact's own figure (its eval.json)
+    variant: float  # the export's at the refused precision
+    points: float  # fp32 − variant, in percentage points
+    limit: float  # the points a served variant may cost
+    measured_on: str  # the CPU the variant ran on (export/cpu.py `cpu_description`)
+    measured: str  # how and when
+
+    def why(self) -> str:
+        return (
+            f"{self.figure} {100 * self.variant:.2f}% against fp32's {100 * self.fp32:.2f}% "
+            f"(-{self.points:.2f} points of {self.count:,}, more than the {self.limit:g} a served variant may cost; "
+            f"{self.measured_on})"
+        )
+
+
+class Refusals(_Section):
+    """`REFUSALS_FILE`: by precision ("int8", "bf16")."""
+
+    refused: dict[Literal["int8", "bf16"], RefusedPrecision] = Field(default_factory=dict)
+
+
+def read_refusals(artifact_dir: str | Path) -> dict[str, RefusedPrecision]:
+    """The artifact dir's refused precisions ({} where it has no `REFUSALS_FILE`)."""
+    path = Path(artifact_dir) / REFUSALS_FILE
+    if not path.is_file():
+        return {}
+    try:
+        return dict(Refusals.model_validate_json(path.read_text()).refused)
+    except ValidationError as error:
+        raise ManifestError(f"{path} does not match its format: {error}") from None
+
+
+def write_refusals(artifact_dir: str | Path, refused: dict[str, RefusedPrecision]) -> Path | None:
+    """Write the artifact dir's `REFUSALS_FILE` (removed where nothing is refused); returns its path or None."""
+    path = Path(artifact_dir) / REFUSALS_FILE
+    if not refused:
+        path.unlink(missing_ok=True)
+        return None
+    path.write_text(Refusals(refused=refused).model_dump_json(indent=2) + "\n")
+    return path
+
+
 class LatencyRecord(_Section):
     """How long one forward pass took at each bucket, per way of serving the dir, as export measured it
     (export/latency.py). `auto` trusts the figures only on a CPU with the same `measured_on`
@@ -424,6 +481,8 @@ class Manifest(_Section):
     gate: AccuracyGate | None = None
     # measured with the gate, when export writes variants; None in an fp32-only dir or one written before
     latency: LatencyRecord | None = None
+    # the reduced precisions the artifact dir refuses (`REFUSALS_FILE`): not written by default, never served by auto
+    refused: dict[str, RefusedPrecision] = Field(default_factory=dict)
     versions: dict[str, str] = Field(default_factory=dict)
     files: dict[str, FileEntry] = Field(default_factory=dict)
     # the artifact files the export was computed from, by sha256 (export/integrity.py SOURCE_FILES): how

@@ -359,7 +359,10 @@ def variant_statuses(
     statuses: dict[Precision, VariantStatus] = {}
     for precision in REDUCED:
         variant = manifest.precisions.get(precision)
-        if variant is None:
+        if variant is None and precision in manifest.refused:
+            detail = f"the model dir refuses it: {manifest.refused[precision].why()}"
+            statuses[precision] = VariantStatus(present=False, detail=detail)
+        elif variant is None:
             detail = "export with --precisions int8" if precision == "int8" else ""
             if precision == "int8" and manifest.onnx and any(g.int8 for g in manifest.onnx.buckets.values()):
                 detail = "int8 graphs without an accuracy gate: export again with --precisions int8"

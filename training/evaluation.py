@@ -39,11 +39,12 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
+from datetime import date
 from pathlib import Path
 
 import numpy as np
 
-from model.hub import EMBEDDING_ARCHITECTURE
+from model.hub import EMBEDDING_ARCHITECTURE, EVALUATION
 from service.buckets import bucket_for
 from service.postprocess import l2_normalize
 
@@ -490,6 +491,62 @@ def score_retrieval(model, teacher, data_dir: Path, tokenizer) -> list[Row]:
             Row(name, "retrieval MRR", mrr, len(queries), note),
         ]
     return rows
+
+
+# ------------------------------------------------------------------------------------------
+# What a reduced precision costs on the model's own task: served, or refused
+# ------------------------------------------------------------------------------------------
+
+# A figure speaks for the 0.5-point rule only where half a point is several items: the BBC test set (212), the
+# long-article retrieval (74) and the kernel-docs test set (61) move 0.5-1.6 points with one item, so a single
+# near-tie would decide. Masked tokens (77,077) and the tweets (3,448) are precise enough.
+REFUSAL_MIN_ITEMS = 1000
+SERVED_LIMIT_POINTS = 0.5  # docs/BENCHMARKS.md: what a faster answer may cost on the task
+
+
+def refusal(report: Report, fp32_rows: list[dict], precision: str, limit: float = SERVED_LIMIT_POINTS):
+    """The `RefusedPrecision` (export/manifest.py) of `report`, the export scored at `precision`, against the
+    artifact's own figures (`fp32_rows`, its eval.json's rows): its figure that fell furthest below fp32's, among
+    those of at least `REFUSAL_MIN_ITEMS` items that are the model's (not a baseline's or the teacher's), where
+    that fall is more than `limit` points; None where none is."""
+    from export.cpu import cpu_description
+    from export.manifest import RefusedPrecision
+
+    reference = {(r["set"], r["metric"], r["note"]): r for r in fp32_rows}
+    worst = None
+    for row in report.rows:
+        fp32 = reference.get((row.set, row.metric, row.note))
+        if fp32 is None or row.count < REFUSAL_MIN_ITEMS or row.note == "baseline" or row.note.startswith("teacher"):
+            continue
+        points = 100 * (fp32["value"] - row.value)
+        if points > limit and (worst is None or points > worst.points):
+            worst = RefusedPrecision(
+                figure=f"{row.set}: {row.metric}", count=row.count, fp32=fp32["value"], variant=row.value,
+                points=round(points, 4), limit=limit, measured_on=cpu_description(),
+                measured=f"{date.today()}: bigs eval {report.model} --precision {precision}, against the artifact's eval.json",
+            )  # fmt: skip
+    return worst
+
+
+def decide_refusal(report: Report, artifact_dir: Path, precision: str, limit: float) -> str:
+    """`bigs eval … --refuse-beyond`: the artifact dir's refusal of `precision` written (or taken back) from
+    `report` against its eval.json (`refusal`); what was decided, in a line."""
+    from export.manifest import read_refusals, write_refusals
+
+    if precision not in ("int8", "bf16"):
+        raise ValueError(f"--refuse-beyond judges one reduced precision (--precision int8 or bf16), not {precision}")
+    card = artifact_dir / EVALUATION
+    if not card.is_file():
+        raise FileNotFoundError(f"{card} not found: score the artifact first (bigs eval {artifact_dir} --json {card})")
+    refused = read_refusals(artifact_dir)
+    found = refusal(report, json.loads(card.read_text())["rows"], precision, limit)
+    if found is None:
+        refused.pop(precision, None)
+        write_refusals(artifact_dir, refused)
+        return f"{precision} is within {limit:g} points of fp32 on every figure precise enough to tell: not refused"
+    refused[precision] = found
+    path = write_refusals(artifact_dir, refused)
+    return f"{precision} refused in {path}: {found.why()}"
 
 
 def evaluate(
