@@ -92,14 +92,15 @@ for art in "${artifacts[@]}"; do
   if [ -z "${BIGS_REEXPORT:-}" ] && [ -f "$out/manifest.json" ] &&
     [ -z "$(find "$art" -maxdepth 1 -type f -newer "$out/manifest.json" | head -1)" ] &&
     "$PY" -c "import sys; from export.manifest import read_manifest; m = read_manifest(sys.argv[1]);
-sys.exit(not all(getattr(m, f) for f in sys.argv[2].split(',')) or 'int8' not in m.precisions)" "$out" "$FORMATS" 2>/dev/null; then
+sys.exit(not all(getattr(m, f) for f in sys.argv[2].split(',')) or not {'int8'} & (set(m.precisions) | set(m.refused)))" "$out" "$FORMATS" 2>/dev/null; then
     log "reusing $out (newer than $art; BIGS_REEXPORT=1 to redo)"
     continue
   fi
   log "exporting $art -> $out (formats $FORMATS)"
   t0=$(date +%s)
   # shellcheck disable=SC2086
-  # int8 (ORT) only: the image has no OpenVINO, so a bf16 variant could not be served from it
+  # int8 (ORT) only: the image has no OpenVINO, so a bf16 variant could not be served from it (a model dir that
+  # refuses int8, refused_precisions.json, is exported and served fp32)
   bigs export "$art" "$out" --formats "$FORMATS" --precisions int8 ${BIGS_EXPORT_BUCKETS:+--buckets $BIGS_EXPORT_BUCKETS}
   export_s=$((export_s + $(date +%s) - t0))
 done

@@ -117,22 +117,24 @@ class ExportOptions:
 def variants_to_write(
     options: ExportOptions, tokenizer: TokenizerInfo, refused: dict[str, RefusedPrecision] | None = None
 ) -> tuple[str, ...]:
-    """The reduced precisions this export writes: those asked for, or for DEFAULT those that can be
-    gated here less those the artifact dir refuses (`refused`, export/manifest.py `REFUSALS_FILE`: its held-out
-    figure lost more than the model allows), each said in a line. The gate runs real text, so a dir without
+    """The reduced precisions this export writes: those asked for, or for DEFAULT those that can be gated
+    here, less those the artifact dir refuses (`refused`, export/manifest.py `REFUSALS_FILE`: its held-out figure
+    lost more than the model allows), each said in a line. The gate runs real text, so a dir without
     tokenizer.json (an artifact with its own vocabulary and no tokenizer) gets none by default, and export says
     so; asked for, it is an error."""
     if options.precisions != DEFAULT:
-        return tuple(options.precisions)
-    if "onnx" not in options.formats:
+        wanted = tuple(options.precisions)
+    elif "onnx" not in options.formats:
         return ()
-    if "tokenizer.json" not in tokenizer.files:
+    elif "tokenizer.json" not in tokenizer.files:
         print("no reduced-precision variants: their accuracy gate runs real text and the dir has no tokenizer.json")
         return ()
+    else:
+        wanted = default_precisions()
     refused = refused or {}
-    for precision in (p for p in default_precisions() if p in refused):
-        print(f"no {precision} variant: the model dir refuses it: {refused[precision].why()}")
-    return tuple(p for p in default_precisions() if p not in refused)
+    for precision in (p for p in wanted if p in refused):
+        print(f"no {precision} variant: the model dir refuses it ({REFUSALS_FILE}): {refused[precision].why()}")
+    return tuple(p for p in wanted if p not in refused)
 
 
 def resolve_buckets(requested: list[int] | None, max_length: int, fixed_length: int | None = None) -> list[int]:

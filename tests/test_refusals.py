@@ -5,7 +5,8 @@
   a figure too coarse to tell half a point from one item.
 - `bigs eval --refuse-beyond` writes the refusal into the artifact dir, and takes it back where the variant is
   within the limit; without --artifact and a reduced --precision it is a one-line error.
-- Export: the default precisions less the refused ones, each said; the manifest records the refusal; a refusal
+- Export: the precisions asked for (or the default ones) less the refused ones, each said; the manifest records
+  the refusal; a refusal
   added to an artifact makes its export stale; `auto` never serves it and says why; the card says so.
 """
 
@@ -88,9 +89,10 @@ def test_the_default_variants_leave_out_the_refused_ones_and_say_why(monkeypatch
     refused = {"int8": refusal(report(0.3703), FP32_ROWS, "int8")}
     options = build.ExportOptions(precisions=build.DEFAULT)
     assert build.variants_to_write(options, tokenizer, refused) == ("bf16",)
-    assert "no int8 variant: the model dir refuses it: held-out documents" in capsys.readouterr().out
-    asked = build.ExportOptions(precisions=("int8",))  # named: what the user asked for is written
-    assert build.variants_to_write(asked, tokenizer, refused) == ("int8",)
+    assert "no int8 variant: the model dir refuses it (refused_precisions.json): held-out" in capsys.readouterr().out
+    asked = build.ExportOptions(precisions=("int8", "bf16"))  # named, the refusal holds too
+    assert build.variants_to_write(asked, tokenizer, refused) == ("bf16",)
+    assert "no int8 variant: the model dir refuses it (refused_precisions.json)" in capsys.readouterr().out
 
 
 def test_a_refusal_added_to_an_artifact_makes_its_export_stale(exports, tmp_path):
