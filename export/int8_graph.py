@@ -21,8 +21,10 @@ rewrites compute the same function with fewer such passes; neither changes an in
      + c / s), W's columns and c divided by s (quantized per output channel, W / s gives the same
      integer weights at the scales divided by s).
 
-Measured on bigs-mini-news's 4,096-token int8 graph (ORT's profiler, 2-core AMD EPYC with AVX512-VNNI,
-medians of four interleaved rounds): GELU 30.7 → 20.7 ms, the Muls 24.5 → 17.0 ms (docs/BENCHMARKS.md).
+Measured on the defaults' 4,096-token int8 graphs (2-core AMD EPYC with AVX512-VNNI, docs/BENCHMARKS.md): the
+GELUs and a smoothed graph's Muls take a few ms less under ORT's profiler, the products around them about as much
+more, and end to end the graphs are within the host's spread of the graphs before. What they do buy is the exact
+GELU at the tanh form's cost (export/int8_search.py `LEVER_TRIES`).
 """
 
 from __future__ import annotations

@@ -351,9 +351,11 @@ def model_card(
     evaluation: dict | None = None,
     limitations: str | None = None,
     served: dict | None = None,
+    refused: dict[str, str] | None = None,
 ) -> str:
     """README.md text: YAML front matter (huggingface_hub's ModelCardData) and what the dir knows.
-    `served`: eval-served.json, the export's figures at the precision it is served at."""
+    `served`: eval-served.json, the export's figures at the precision it is served at; `refused`: the reduced
+    precisions the dir refuses (refused_precisions.json), each with why."""
     architecture = (config.get("architectures") or ["BiGSModel"])[0]
     meta = card_metadata(config, card)
     d, layers = config.get("hidden_size"), config.get("num_hidden_layers")
@@ -389,7 +391,7 @@ def model_card(
         labels = ", ".join(str(v) for _, v in sorted(config["id2label"].items(), key=lambda kv: int(kv[0])))
         lines += [f"Labels: {labels}.", ""]
     lines += evaluation_lines(evaluation)
-    lines += served_lines(evaluation, served)
+    lines += served_lines(evaluation, served, refused)
     if limitations:
         lines += ["## Limitations", "", limitations.strip(), ""]
     lines += usage_section(architecture, dense)
@@ -508,9 +510,10 @@ def evaluation_lines(report: dict | None) -> list[str]:
     return [*lines, ""]
 
 
-def served_lines(report: dict | None, served: dict | None) -> list[str]:
+def served_lines(report: dict | None, served: dict | None, refused: dict[str, str] | None = None) -> list[str]:
     """The figures of the model as served at reduced precision (eval-served.json) beside eval.json's, row by
-    row (same set, metric and note): what the speed-up costs in accuracy. Baselines are left out."""
+    row (same set, metric and note): what the speed-up costs in accuracy. Baselines are left out. Then each
+    precision the dir refuses (`refused`: precision → why), which export writes no variant of."""
     if not report or not served:
         return []
     fp32 = {(r["set"], r["metric"], r.get("note", "")): r["value"] for r in report.get("rows", [])}
@@ -525,6 +528,9 @@ def served_lines(report: dict | None, served: dict | None) -> list[str]:
         metric = f"{row['metric']} ({row['note']})" if row.get("note") else row["metric"]
         lines.append(f"| {row['set']} | {metric} | {fp32[key]:.4f} | {row['value']:.4f} | "
                      f"{change:+.2f} points | {row['count']} |")  # fmt: skip
+    for precision, why in (refused or {}).items():
+        lines += ["", f"Not served at {precision}: this dir refuses it (refused_precisions.json; export writes no "
+                  f"{precision} variant by default): {why}."]  # fmt: skip
     return [*lines, ""]
 
 
@@ -601,7 +607,10 @@ def write_model_card(out_dir: str | Path) -> bool:
     served_path = out_dir / SERVED_EVALUATION
     served = json.loads(served_path.read_text()) if served_path.is_file() else None
     limitations = (out_dir / LIMITATIONS).read_text(encoding="utf-8") if (out_dir / LIMITATIONS).is_file() else None
-    card_text = model_card(name, config, card, notes, read_dense(out_dir), evaluation, limitations, served)
+    from export.manifest import read_refusals  # here, not above: the copy in a model dir is imported on its own
+
+    refused = {precision: r.why() for precision, r in read_refusals(out_dir).items()}
+    card_text = model_card(name, config, card, notes, read_dense(out_dir), evaluation, limitations, served, refused)
     path.write_text(card_text, encoding="utf-8")
     return True
 
