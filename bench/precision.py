@@ -1,7 +1,8 @@
 """Reduced precision side by side: every way this project can run an export dir's ONNX graphs, per bucket,
 timed and (with --gate) held to the accuracy gate.
 
-    python -m bench.precision EXPORT_DIR [--buckets 128,512,4096] [--repeats 5] [--batch 1] [--quantize] [--gate]
+    python -m bench.precision EXPORT_DIR [--buckets 128,512,4096] [--repeats 5] [--batch 1] [--threads N]
+                              [--quantize] [--gate]
     bigs bench precision EXPORT_DIR …
 
 Candidates (those the dir and this install have):
@@ -57,6 +58,9 @@ Candidates (those the dir and this install have):
 Timing: each cell is the median of --repeats runs after one warm-up, on full-length inputs with one mask
 position, the candidates alternating within each repeat so they all see the same background load; ms and
 the speed-up over ort-fp32, with the CPU (model name and the flags that decide precision) above it.
+--threads N: every candidate's intra-op threads, as the service's `intra_op_threads` setting sets them (0,
+the default: each runtime's own choice, which need not follow a `taskset` mask: a run pinned to fewer cores
+than the machine has names them here).
 --gate: every candidate measured by the accuracy gate (export/gate.py `measure_gate`, the measures and
 thresholds every variant is held to) against the dir's fp32 graphs at each bucket: the agreement of the
 model's own head (fill-mask top-1, or its labels), the smallest embedding cosine, and the verdict.
@@ -66,6 +70,7 @@ model's own head (fill-mask top-1, or its labels), the smallest embedding cosine
 from __future__ import annotations
 
 import argparse
+import os
 import platform
 import sys
 import tempfile
@@ -149,10 +154,14 @@ class PrecisionTable:
     median_ms: dict[str, dict[int, float]]  # candidate → bucket → ms
     gate: dict[str, dict[int, object]] = field(default_factory=dict)  # candidate → bucket → GateMeasured
     left_out: dict[str, str] = field(default_factory=dict)  # candidate → why it has no column
+    threads: int = 0  # every candidate's intra-op threads; 0: each runtime's default
+    cores: int = 0  # the cores this process may run on (its affinity mask: `taskset` narrows it)
 
     def markdown(self) -> str:
         names = list(self.median_ms)
+        threads = f"{self.threads} intra-op threads" if self.threads else "the runtimes' default threads"
         lines = [f"CPU: {self.cpu} (flags: {', '.join(self.flags) or 'none of the precision flags'}); "
+                 f"{self.cores} cores usable, {threads}; "
                  f"batch {self.batch}, median of {self.repeats}, ms (speed-up over ort-fp32)", "",
                  "| tokens | " + " | ".join(names) + " |", "|---:|" + "---:|" * len(names)]  # fmt: skip
         for bucket in self.buckets:
@@ -207,7 +216,9 @@ class Candidates:
     left_out: dict[str, str] = field(default_factory=dict)  # candidate → why this CPU or install has it not
 
 
-def candidates(export_dir: Path, buckets: list[int], batch: int, work: Path, quantize: bool) -> Candidates:
+def candidates(
+    export_dir: Path, buckets: list[int], batch: int, work: Path, quantize: bool, threads: int = 0
+) -> Candidates:
     """What the dir and this install have, each runnable on timing feeds and on the gate's batches."""
     import onnxruntime as ort
 
@@ -234,9 +245,11 @@ def candidates(export_dir: Path, buckets: list[int], batch: int, work: Path, qua
 
     # ORT's threads as the service runs them (export/gate.py ORT_SPIN_WAIT): spinning, they take the cores
     # from the candidate timed after them
-    add_ort("ort-fp32", ort_sessions(export_dir, manifest, buckets=buckets))
+    add_ort("ort-fp32", ort_sessions(export_dir, manifest, buckets=buckets, intra_op_threads=threads or None))
     if any(manifest.onnx.buckets[b].int8 is not None for b in buckets):
-        add_ort("ort-int8", ort_sessions(export_dir, manifest, "int8", buckets=buckets))
+        add_ort(
+            "ort-int8", ort_sessions(export_dir, manifest, "int8", buckets=buckets, intra_op_threads=threads or None)
+        )
     made: dict[str, dict[int, Path]] = {}  # method → bucket → its int8 graph (with --quantize)
     calibration: dict[int, list[dict[str, np.ndarray]]] = {}  # bucket → the gate's batches (with --quantize)
     if quantize:  # quantized here from the fp32 graphs, loaded with ORT's optimisations on
@@ -253,18 +266,22 @@ def candidates(export_dir: Path, buckets: list[int], batch: int, work: Path, qua
                 options = ort.SessionOptions()
                 options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED
                 options.add_session_config_entry("session.intra_op.allow_spinning", "1" if ORT_SPIN_WAIT else "0")
+                options.intra_op_num_threads = threads
                 sessions[b] = ort.InferenceSession(str(dst), options, providers=["CPUExecutionProvider"])
             add_ort(name, sessions)
         if "ort-int8" in found.timed:
-            add_levers(export_dir, manifest, tokenizer, buckets, work, add_ort)
+            add_levers(export_dir, manifest, tokenizer, buckets, work, add_ort, threads)
     if openvino_available():
-        loaded = {f"ov-{p}": load_compiled(export_dir, p, buckets=buckets, manifest=manifest) for p in ("fp32", "bf16")}
+        loaded = {
+            f"ov-{p}": load_compiled(export_dir, p, buckets=buckets, threads=threads or None, manifest=manifest)
+            for p in ("fp32", "bf16")
+        }
         if all(effective_precision(compiled) == "fp32" for compiled in loaded["ov-bf16"].values()):
             del loaded["ov-bf16"]
             found.left_out["ov-bf16"] = "OpenVINO runs the bf16 hint at fp32 on this CPU (no bf16 units): ov-fp32"
         for name, method in OPENVINO_METHODS.items():
             if method in made:  # at f32: the graph's own int8 products are what OpenVINO runs in int8
-                loaded[name] = {b: compile_graph(path, "fp32") for b, path in made[method].items()}
+                loaded[name] = {b: compile_graph(path, "fp32", threads or None) for b, path in made[method].items()}
         if quantize and not nncf_available():
             found.left_out[NNCF_METHOD] = "NNCF is not installed (pip install nncf)"
         elif quantize:  # IR quantized here; at f32 its own int8 products are what OpenVINO runs in int8
@@ -272,14 +289,16 @@ def candidates(export_dir: Path, buckets: list[int], batch: int, work: Path, qua
             for b in buckets:
                 ir = work / f"{b}.{NNCF_METHOD}.xml"
                 quantize_int8_nncf(export_dir / manifest.onnx.buckets[b].file, ir, calibration[b])
-                loaded[NNCF_METHOD][b] = compile_graph(ir, "fp32")
+                loaded[NNCF_METHOD][b] = compile_graph(ir, "fp32", threads or None)
         for name, compiled in loaded.items():
             found.timed[name] = {b: (lambda c=c, f=feeds[b]: c.run(f)) for b, c in compiled.items()}
             found.run[name] = lambda bucket, f, compiled=compiled: compiled[bucket].run(f)
     return found
 
 
-def add_levers(export_dir: Path, manifest, tokenizer, buckets: list[int], work: Path, add_ort) -> None:
+def add_levers(
+    export_dir: Path, manifest, tokenizer, buckets: list[int], work: Path, add_ort, threads: int = 0
+) -> None:
     """A column per `LEVERS` entry: the dir's int8 recipe with the lever, quantized and optimised as export
     writes its int8 graphs, loaded with the manifest's session options as ort-int8 is."""
     from dataclasses import replace
@@ -297,7 +316,7 @@ def add_levers(export_dir: Path, manifest, tokenizer, buckets: list[int], work: 
         for b in buckets:
             dst = work / f"{b}.{name}.onnx"
             write_int8_graph(export_dir / manifest.onnx.buckets[b].file, dst, lever)
-            options = session_options(manifest, spin_wait=ORT_SPIN_WAIT)
+            options = session_options(manifest, threads or None, spin_wait=ORT_SPIN_WAIT)
             sessions[b] = ort.InferenceSession(str(dst), options, providers=["CPUExecutionProvider"])
         add_ort(name, sessions)
 
@@ -309,6 +328,7 @@ def measure(
     batch: int = 1,
     quantize: bool = False,
     gate: bool = False,
+    threads: int = 0,
 ) -> PrecisionTable:
     """Median ms per candidate and bucket, candidates interleaved within every repeat; with `gate`, each
     candidate's accuracy gate against ort-fp32 at each bucket."""
@@ -319,7 +339,7 @@ def measure(
 
     export_dir = Path(export_dir)
     with tempfile.TemporaryDirectory(prefix="bigs-precision-") as work:
-        found = candidates(export_dir, buckets, batch, Path(work), quantize)
+        found = candidates(export_dir, buckets, batch, Path(work), quantize, threads)
         medians: dict[str, dict[int, float]] = {name: {} for name in found.timed}
         for bucket in buckets:
             present = {name: per[bucket] for name, per in found.timed.items() if bucket in per}
@@ -341,7 +361,16 @@ def measure(
                       file=sys.stderr, flush=True)  # fmt: skip
     flags = sorted(cpu_flags() & set(PRECISION_FLAGS))
     return PrecisionTable(
-        cpu_model_name() or platform.processor(), flags, buckets, batch, repeats, medians, gates, found.left_out
+        cpu_model_name() or platform.processor(),
+        flags,
+        buckets,
+        batch,
+        repeats,
+        medians,
+        gates,
+        found.left_out,
+        threads,
+        len(os.sched_getaffinity(0)),
     )
 
 
@@ -352,6 +381,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--batch", type=int, default=1)
     parser.add_argument(
+        "--threads", type=int, default=0, help="intra-op threads of every candidate (0: each runtime's default)"
+    )
+    parser.add_argument(
         "--quantize",
         action="store_true",
         help="also each int8 method tried, quantized here: dynamic per channel and per tensor, 8- and 7-bit "
@@ -360,7 +392,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--gate", action="store_true", help="also each candidate's accuracy gate at each bucket")
     args = parser.parse_args(argv)
     buckets = [int(b) for b in args.buckets.split(",")]
-    print(measure(args.export_dir, buckets, args.repeats, args.batch, args.quantize, args.gate).markdown())
+    if args.threads < 0:
+        parser.error("--threads must be 0 (the runtimes' default) or more")
+    table = measure(args.export_dir, buckets, args.repeats, args.batch, args.quantize, args.gate, args.threads)
+    print(table.markdown())
 
 
 if __name__ == "__main__":

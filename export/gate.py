@@ -207,11 +207,25 @@ VARIANT_HOW = {
 ORT_SPIN_WAIT = False
 
 
-def ort_sessions(export_dir: Path, manifest: Manifest, variant: str = "fp32", buckets: list[int] | None = None):
-    """The dir's ORT sessions of `variant`, with the service's thread setting (`ORT_SPIN_WAIT`)."""
+def ort_sessions(
+    export_dir: Path,
+    manifest: Manifest,
+    variant: str = "fp32",
+    buckets: list[int] | None = None,
+    intra_op_threads: int | None = None,
+):
+    """The dir's ORT sessions of `variant`, with the service's thread setting (`ORT_SPIN_WAIT`);
+    `intra_op_threads` as the service's setting of that name (None: ORT's default)."""
     from .onnx_runtime import load_sessions
 
-    return load_sessions(export_dir, buckets=buckets, variant=variant, manifest=manifest, spin_wait=ORT_SPIN_WAIT)
+    return load_sessions(
+        export_dir,
+        buckets=buckets,
+        variant=variant,
+        intra_op_threads=intra_op_threads,
+        manifest=manifest,
+        spin_wait=ORT_SPIN_WAIT,
+    )
 
 
 def ort_runner(sessions) -> RunBatch:
