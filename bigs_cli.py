@@ -237,6 +237,8 @@ def cmd_export(args: argparse.Namespace) -> None:
 
     if not (Path(args.paths[0]) / "config.json").is_file():
         fail("export", f"{args.paths[0]}: not an artifact dir (no config.json)")
+    if args.int8_floor is not None and args.int8_floor < 0:
+        fail("export", f"--int8-floor {args.int8_floor}: a count of weight products, 0 or more")
 
     quiet()
     from export.build import ExportOptions, export_artifact, parse_precisions, resolve_buckets, summary
@@ -256,6 +258,7 @@ def cmd_export(args: argparse.Namespace) -> None:
         precisions=() if args.quantize and args.precisions is None else parse_precisions(args.precisions),
         embed_weights=args.embed_weights,
         tolerance=args.tolerance,
+        int8_floor=args.int8_floor,
     )
     # a line per bucket of each stage as it finishes, flushed at once so a log that is not a terminal
     # (docker, CI, a file) shows it live
@@ -560,6 +563,15 @@ def build_parser() -> argparse.ArgumentParser:
         help="comma-separated reduced-precision variants to write, gate on real text and time: int8 (ORT), "
         "bf16 (OpenVINO); default int8, plus bf16 where OpenVINO is installed and the CPU has bf16 units; "
         "none: fp32 only",
+    )
+    export.add_argument(
+        "--int8-floor",
+        type=int,
+        default=None,
+        metavar="N",
+        help="the int8 search leaves at least the top N weight products of its ranking in fp32 (default: the "
+        "model dir's int8_floor.json, or none), and writes int8 even where the dir refuses it: how a floor is "
+        "measured before `bigs eval --precision int8 --refuse-beyond POINTS --artifact DIR` records it",
     )
     export.add_argument("--embed-weights", action="store_true", help="StableHLO: embed weights in each artifact")
     export.add_argument("--tolerance", type=float, default=1e-4, help="max abs diff to the torch reference")

@@ -33,6 +33,7 @@ from . import parity
 from .heads import LABELLED_ARCHITECTURES, heads_for
 from .integrity import file_table, source_table
 from .manifest import (
+    INT8_FLOOR_FILE,
     REFUSALS_FILE,
     Int8Accuracy,
     Int8Search,
@@ -41,6 +42,7 @@ from .manifest import (
     Parity,
     RefusedPrecision,
     TokenizerInfo,
+    read_int8_floor,
     read_refusals,
     versions,
 )
@@ -96,6 +98,10 @@ class ExportOptions:
     embed_weights: bool = False  # StableHLO: weights inside each artifact instead of arguments
     tolerance: float = DEFAULT_TOLERANCE
     seed: int = 0  # of the parity inputs
+    # The int8 search's floor (export/manifest.py `Int8Floor`): None, the artifact dir's (`INT8_FLOOR_FILE`; none
+    # where it has none); a number, this one instead, and int8 written even where the dir refuses it, since
+    # this is how a floor is measured before `bigs eval --refuse-beyond` records it
+    int8_floor: int | None = None
 
     def __post_init__(self):
         bad = [f for f in self.formats if f not in FORMATS]
@@ -103,6 +109,8 @@ class ExportOptions:
             raise ValueError(f"unknown format(s) {bad}; choose from {FORMATS}")
         if self.quantize not in (None, "int8"):
             raise ValueError(f"--quantize supports int8 only, got {self.quantize!r}")
+        if self.int8_floor is not None and self.int8_floor < 0:
+            raise ValueError(f"--int8-floor is a count of weight products, 0 or more, not {self.int8_floor}")
         if self.precisions == DEFAULT:
             return  # resolved by `variants_to_write` once the export dir has its tokenizer
         bad = [p for p in self.precisions if p not in PRECISIONS]
@@ -131,7 +139,10 @@ def variants_to_write(
         return ()
     else:
         wanted = default_precisions()
-    refused = refused or {}
+    refused = dict(refused or {})
+    if options.int8_floor is not None and "int8" in wanted and refused.pop("int8", None) is not None:
+        print(f"int8 written with --int8-floor {options.int8_floor} though the model dir refuses it ({REFUSALS_FILE}): "
+              "score it with `bigs eval --precision int8 --refuse-beyond` to keep or refuse that floor")  # fmt: skip
     for precision in (p for p in wanted if p in refused):
         print(f"no {precision} variant: the model dir refuses it ({REFUSALS_FILE}): {refused[precision].why()}")
     return tuple(p for p in wanted if p not in refused)
@@ -171,8 +182,9 @@ def copy_artifact(artifact_dir: Path, out_dir: Path) -> None:
     for path in artifact_dir.iterdir():
         if path.is_file():
             shutil.copy2(path, out_dir / path.name)
-    if not (artifact_dir / REFUSALS_FILE).is_file():  # an earlier export's copy of a refusal since taken back
-        (out_dir / REFUSALS_FILE).unlink(missing_ok=True)
+    for taken_back in (REFUSALS_FILE, INT8_FLOOR_FILE):  # an earlier export's copy of a file since removed
+        if not (artifact_dir / taken_back).is_file():
+            (out_dir / taken_back).unlink(missing_ok=True)
     shutil.rmtree(out_dir / DENSE_DIR, ignore_errors=True)
     if (artifact_dir / DENSE_DIR).is_dir():
         shutil.copytree(artifact_dir / DENSE_DIR, out_dir / DENSE_DIR)
@@ -230,6 +242,8 @@ def export_artifact(
     manifest = describe_artifact(artifact_dir.resolve().name, config, dense, tokenizer, buckets, options)
     manifest.source = source
     manifest.refused = read_refusals(artifact_dir)
+    if options.int8_floor is not None:  # int8 asked for at a floor of its own: measured, so not refused here
+        manifest.refused.pop("int8", None)
 
     precisions = variants_to_write(options, manifest.tokenizer, manifest.refused)
     if "onnx" in options.formats:
@@ -247,7 +261,7 @@ def export_artifact(
             quantize=quantize,
             embedding=embedding,
             done=onnx_done,
-            plan_int8=lambda graphs: plan_int8(out_dir, manifest, graphs, job, searched),
+            plan_int8=lambda graphs: plan_int8(out_dir, manifest, graphs, job, searched, options.int8_floor),
         )
     if "stablehlo" in options.formats:
         from model.convert import load_torch_safetensors
@@ -287,11 +301,14 @@ def export_artifact(
     return manifest
 
 
-def plan_int8(out_dir: Path, manifest: Manifest, graphs: dict[int, Path], job: Job, searched: list) -> WriteInt8:
+def plan_int8(
+    out_dir: Path, manifest: Manifest, graphs: dict[int, Path], job: Job, searched: list, floor: int | None = None
+) -> WriteInt8:
     """How this export writes its int8 graphs (`export_onnx`'s `plan_int8`): the accuracy-aware search on the
-    finished fp32 graphs of the buckets it searches at (export/int8_search.py), its record appended to
-    `searched`, then each bucket by its `Int8Plan`. Without the tokenizer the gate needs (`variants_to_write`
-    asks for int8 only with one), the default recipe at every bucket."""
+    finished fp32 graphs of the buckets it searches at (export/int8_search.py), from the int8 floor (`floor`,
+    `ExportOptions.int8_floor`; None: the model dir's), its record appended to `searched`, then each bucket by
+    its `Int8Plan`. Without the tokenizer the gate needs (`variants_to_write` asks for int8 only with one), the
+    default recipe at every bucket."""
     from .onnx import Int8Recipe, default_int8
 
     if not (out_dir / "tokenizer.json").is_file():
@@ -324,9 +341,15 @@ def plan_int8(out_dir: Path, manifest: Manifest, graphs: dict[int, Path], job: J
     workspace = tempfile.TemporaryDirectory(prefix="bigs-int8-searched-")  # removed with the plan
     # the SSM convolutions' inputs signed (u8·s8, faster) only where this CPU's int8 sums cannot saturate
     recipe = Int8Recipe(ssm_signed_inputs=has_exact_int8_products())
+    if floor is not None:
+        floor_why = f"bigs export --int8-floor {floor}"
+    else:  # the export dir holds the artifact's copy (`copy_artifact`)
+        model_floor = read_int8_floor(out_dir)
+        floor, floor_why = (0, None) if model_floor is None else (model_floor.fp32_products, model_floor.why())
     recipe, record, searched_graphs = search_int8(
-        graphs, tokenizer, head, GateThresholds(), recipe, done=done, keep=Path(workspace.name)
-    )
+        graphs, tokenizer, head, GateThresholds(), recipe, done=done, keep=Path(workspace.name),
+        floor=floor, floor_why=floor_why,
+    )  # fmt: skip
     searched.append(record)
     long_bucket = lambda bucket, tried: job.emit(
         f"{job.name}: int8 at bucket {bucket}{levers(tried)}: gate {'passed, kept' if tried.passed else 'FAILED'}"
@@ -478,6 +501,8 @@ def summary(manifest: Manifest, out_dir: str | Path) -> str:
                 f"{search.bucket} ({len(search.tries)} {'try' if len(search.tries) == 1 else 'tries'}); "
                 f"weights {search.weight_bits}-bit"
             )
+            if search.floor:
+                lines[-1] += f"; from a floor of {search.floor} ({search.floor_why})"
             if search.smoothing:
                 calibrated = ", ".join(map(str, search.calibrated_at or [search.bucket]))
                 lines[-1] += f"; smoothed (SmoothQuant-style, factors from bucket {calibrated})"

@@ -35,7 +35,11 @@ to 512 (32 sequences a bucket; fewer beyond):
    (`EXCLUSION_STEPS`), until one passes; then k is halved between the last count that failed and
    the one that passed, `REFINE_TRIES` times: the fewest tried that pass. At most `MAX_TRIES`
    quantizations and gates at each search bucket, seconds each on 2 cores: within export's
-   first-minutes budget.
+   first-minutes budget. The gate's text asks for the same answers; a model's own task can ask for more:
+   where int8 passing the gate lost more than half a point on a held-out figure, the artifact dir's int8
+   floor (export/manifest.py `Int8Floor`, written by `bigs eval --refuse-beyond` once an export with that
+   floor scored within the limit) has every try leave at least its count of the smoothed ranking's top
+   products in fp32: the tries start there, then go up the steps above it and halve between.
 
 4. A lever on the fp32 remainder. With the weight products settled, the rest of the graph is what
    limits int8's speed-up (GELU, the SSM convolutions, the gates' products: docs/BENCHMARKS.md). The SSM
@@ -293,6 +297,8 @@ def search_int8(
     recipe: Int8Recipe | None = None,
     done: Callable[[Int8Try], object] | None = None,
     keep: Path | None = None,
+    floor: int = 0,
+    floor_why: str | None = None,
 ) -> tuple[Int8Recipe, Int8Search, dict[int, Path]]:
     """The recipe of the fewest products left in fp32 (among the tries) whose int8 graphs of `graphs` (the
     finished fp32 graph of each search bucket, `search_buckets`) pass the gate at every one of them, the
@@ -301,7 +307,10 @@ def search_int8(
     again (`Int8Plan`); ranked at the shortest. `recipe`: how
     the rest is quantized (default `Int8Recipe()`). `done(try)` after each try (export's progress lines).
     Where no try passes, the last (the most left in fp32) is the recipe, and the record says so: the
-    variant then fails its gate there and is not served at that bucket."""
+    variant then fails its gate there and is not served at that bucket.
+    `floor` (the model's int8 floor, export/manifest.py `Int8Floor`; `floor_why`, where it came from): every
+    try leaves at least the top `floor` products of the smoothed ranking in fp32, whatever the gate would
+    allow (module docstring, step 3)."""
     thresholds = thresholds or GateThresholds()
     recipe = recipe or Int8Recipe()
     bucket = min(graphs)
@@ -360,8 +369,20 @@ def search_int8(
                 done(tries[key])
             return tries[key].passed
 
+        floor = min(floor, len(plain))
         calibrated_at, failed, passing = (), -1, None
-        if attempt((), 0):  # every product int8, no smoothing: nothing to pay for
+        if floor:  # the model's floor: its top products fp32 in every try, smoothed as the steps are
+            calibrated_at, failed = every, floor - 1  # fewer than the floor is never tried
+            if attempt(calibrated_at, floor):
+                passing = floor
+            else:
+                failed = floor
+                for count in (c for c in exclusion_counts(by_smoothed) if c > floor):
+                    if attempt(calibrated_at, count):
+                        passing = count
+                        break
+                    failed = count
+        elif attempt((), 0):  # every product int8, no smoothing: nothing to pay for
             passing = 0
         else:
             for calibrated_at in dict.fromkeys([(bucket,), every]):  # one calibration where one bucket is searched
@@ -402,6 +423,8 @@ def search_int8(
         if passing is not None
         else "left fp32; the gate still failed"
     )
+    floored = f"left fp32 by the model's int8 floor of {floor} products"
+    why_of = lambda rank: floored if rank <= floor else why
     smoothed = bool(calibrated_at)
     record = Int8Search(
         bucket=bucket,
@@ -413,6 +436,8 @@ def search_int8(
         smoothing=SMOOTHING if smoothed else None,
         calibrated_at=list(calibrated_at),
         products=len(ranked),
+        floor=floor,
+        floor_why=floor_why if floor else None,
         tries=list(tries.values()),
         fp32=[
             Fp32Product(
@@ -421,7 +446,8 @@ def search_int8(
                 error=round(r.error_smoothed if smoothed else r.error, 5),
                 rank=rank,
                 macs_share=round(r.macs / total_macs, 5),
-                why=f"int8 error {r.error_smoothed if smoothed else r.error:.3g}, {rank} of {len(ranked)} by error: {why}",
+                why=f"int8 error {r.error_smoothed if smoothed else r.error:.3g}, {rank} of {len(ranked)} by error: "
+                f"{why_of(rank)}",
             )
             for rank, r in enumerate(ranked[:count], start=1)
         ],

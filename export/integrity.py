@@ -44,7 +44,8 @@ def file_table(export_dir: Path) -> dict[str, FileEntry]:
 # the tokenizer and the embedding projection. An export records their sha256 (`Manifest.source`); when
 # any differs now, the export is not the artifact's any more (`stale_reason`). The model card, eval
 # results and curves are not among them: they change nothing an export computes. The refused precisions are
-# (export/manifest.py `REFUSALS_FILE`): they change which variants it writes.
+# (export/manifest.py `REFUSALS_FILE`): they change which variants it writes; and the int8 floor
+# (`INT8_FLOOR_FILE`): it changes which products the int8 graphs leave in fp32.
 SOURCE_FILES = (
     "config.json",
     "model.safetensors",
@@ -55,6 +56,7 @@ SOURCE_FILES = (
     "2_Dense/config.json",
     "2_Dense/model.safetensors",
     "refused_precisions.json",
+    "int8_floor.json",
 )
 
 

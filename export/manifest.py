@@ -22,6 +22,7 @@ the object down. What it records:
                     and the CPU it measured on (export/latency.py); what `auto` ranks variants by there
     refused         the reduced precisions the artifact dir refuses (`REFUSALS_FILE`), each with the held-out
                     figure that lost more than the model allows: export writes none of them by default
+                    (the artifact dir's int8 floor, `INT8_FLOOR_FILE`, is in int8's `search`)
     stablehlo       per head and bucket: file, platforms, shapes, measured differences, sha256;
                     the parameter layout when weights are arguments
     versions        of the tools that wrote it
@@ -233,6 +234,10 @@ class Int8Search(_Section):
     smoothing: str | None = None
     calibrated_at: list[int] = Field(default_factory=list)  # the chosen try's (`Int8Try.calibrated_at`)
     products: int  # the weight products int8 may quantize (the SSM convolutions and the Gemms are not among them)
+    # the fewest products every try left in fp32 (the top of the smoothed ranking): the artifact dir's
+    # `INT8_FLOOR_FILE`, or `bigs export --int8-floor`; 0: none, the gate alone decides
+    floor: int = 0
+    floor_why: str | None = None  # where the floor came from (the held-out figure it kept, or the option)
     tries: list[Int8Try]
     fp32: list[Fp32Product] = Field(default_factory=list)
     passed: bool  # the chosen try passed the gate at `bucket`
@@ -327,20 +332,25 @@ class PrecisionVariant(_Section):
 REFUSALS_FILE = "refused_precisions.json"
 
 
-class RefusedPrecision(_Section):
-    """A reduced precision the model is not to be served at: on a held-out figure precise enough to tell
-    (training/evaluation.py `refusal`), the variant as served scored more points below fp32 than `limit`.
-    The accuracy gate (export/gate.py) asks for the same answers on the gate's text; this is what the answers
-    that differ cost on the model's own task."""
+class HeldOutCost(_Section):
+    """What a reduced precision cost on the model's own task: its export scored by `bigs eval` at that
+    precision against the artifact's own figure, on a held-out figure precise enough to tell half a point
+    (training/evaluation.py `REFUSAL_MIN_ITEMS`). The accuracy gate (export/gate.py) asks for the same answers
+    on the gate's text; this is what the answers that differ cost on the task."""
 
     figure: str  # the report's set and metric, e.g. "held-out documents: masked-token accuracy"
     count: int  # items scored
     fp32: float  # the artifact's own figure (its eval.json)
-    variant: float  # the export's at the refused precision
+    variant: float  # the export's at the precision
     points: float  # fp32 − variant, in percentage points
     limit: float  # the points a served variant may cost
     measured_on: str  # the CPU the variant ran on (export/cpu.py `cpu_description`)
     measured: str  # how and when
+
+
+class RefusedPrecision(HeldOutCost):
+    """A reduced precision the model is not to be served at: on a held-out figure precise enough to tell
+    (training/evaluation.py `refusal`), the variant as served scored more points below fp32 than `limit`."""
 
     def why(self) -> str:
         return (
@@ -374,6 +384,52 @@ def write_refusals(artifact_dir: str | Path, refused: dict[str, RefusedPrecision
         path.unlink(missing_ok=True)
         return None
     path.write_text(Refusals(refused=refused).model_dump_json(indent=2) + "\n")
+    return path
+
+
+# In an artifact dir: the fewest weight products the int8 search leaves in fp32 for this model, with the held-out
+# measurement that showed so many enough (`bigs eval EXPORT_DIR --precision int8 --refuse-beyond POINTS --artifact
+# DIR` writes it, where the export's int8 was made with a floor and scored within the limit)
+INT8_FLOOR_FILE = "int8_floor.json"
+
+
+class Int8Floor(_Section):
+    """`INT8_FLOOR_FILE`. The gate (export/gate.py) asks int8 for fp32's answers on the gate's text; a model
+    can pass it and still lose more than half a point on its task (bigs-mini: -0.72 points of masked-token
+    accuracy with the gate's 4 products in fp32). Leaving the top `fp32_products` of the search's smoothed
+    ranking in fp32 too kept it within the limit (`held_out`): every int8 export of the model starts from there
+    (export/int8_search.py), and may leave more where its gate asks for them."""
+
+    fp32_products: int = Field(ge=1)
+    held_out: HeldOutCost  # the floored int8's figure, within `limit` of fp32's
+
+    def why(self) -> str:
+        h = self.held_out
+        return (
+            f"the model dir's int8 floor ({INT8_FLOOR_FILE}): with these {self.fp32_products} products in fp32 its "
+            f"{h.figure} was {100 * h.variant:.2f}% against fp32's {100 * h.fp32:.2f}% (-{h.points:.2f} points of "
+            f"{h.count:,}, within {h.limit:g}; {h.measured_on})"
+        )
+
+
+def read_int8_floor(artifact_dir: str | Path) -> Int8Floor | None:
+    """The artifact dir's int8 floor (None where it has no `INT8_FLOOR_FILE`)."""
+    path = Path(artifact_dir) / INT8_FLOOR_FILE
+    if not path.is_file():
+        return None
+    try:
+        return Int8Floor.model_validate_json(path.read_text())
+    except ValidationError as error:
+        raise ManifestError(f"{path} does not match its format: {error}") from None
+
+
+def write_int8_floor(artifact_dir: str | Path, floor: Int8Floor | None) -> Path | None:
+    """Write the artifact dir's `INT8_FLOOR_FILE` (removed for None); returns its path or None."""
+    path = Path(artifact_dir) / INT8_FLOOR_FILE
+    if floor is None:
+        path.unlink(missing_ok=True)
+        return None
+    path.write_text(floor.model_dump_json(indent=2) + "\n")
     return path
 
 

@@ -31,7 +31,7 @@ import yaml  # noqa: E402
 from conftest import BERT_VOCAB_SIZE, TINY, _perturb_  # noqa: E402
 
 import bigs_cli  # noqa: E402
-from export.manifest import REFUSALS_FILE  # noqa: E402
+from export.manifest import INT8_FLOOR_FILE, REFUSALS_FILE  # noqa: E402
 from model import (  # noqa: E402
     BiGSConfig,
     BiGSForMaskedLM,
@@ -401,7 +401,7 @@ def test_shipped_model_dirs_hold_what_the_code_writes_now(tmp_path, name):
     (after a change to the model code or to model/hub.py: `bigs hub-files models/*/`)."""
     shipped = ROOT / "models" / name
     cards = ("config.json", "training_card.json", "pretraining_card.json", "README.md", hub.EVALUATION,
-             hub.SERVED_EVALUATION, "limitations.md", REFUSALS_FILE)  # fmt: skip
+             hub.SERVED_EVALUATION, "limitations.md", REFUSALS_FILE, INT8_FLOOR_FILE)  # fmt: skip
     for f in cards:
         if (shipped / f).is_file():
             shutil.copy(shipped / f, tmp_path / f)

@@ -504,13 +504,13 @@ REFUSAL_MIN_ITEMS = 1000
 SERVED_LIMIT_POINTS = 0.5  # docs/BENCHMARKS.md: what a faster answer may cost on the task
 
 
-def refusal(report: Report, fp32_rows: list[dict], precision: str, limit: float = SERVED_LIMIT_POINTS):
-    """The `RefusedPrecision` (export/manifest.py) of `report`, the export scored at `precision`, against the
-    artifact's own figures (`fp32_rows`, its eval.json's rows): its figure that fell furthest below fp32's, among
-    those of at least `REFUSAL_MIN_ITEMS` items that are the model's (not a baseline's or the teacher's), where
-    that fall is more than `limit` points; None where none is."""
+def held_out_cost(report: Report, fp32_rows: list[dict], precision: str, limit: float = SERVED_LIMIT_POINTS):
+    """The `HeldOutCost` (export/manifest.py) of `report`, the export scored at `precision`, against the artifact's
+    own figures (`fp32_rows`, its eval.json's rows): its figure that fell furthest below fp32's, among those of at
+    least `REFUSAL_MIN_ITEMS` items that are the model's (not a baseline's or the teacher's); None where it has no
+    such figure."""
     from export.cpu import cpu_description
-    from export.manifest import RefusedPrecision
+    from export.manifest import HeldOutCost
 
     reference = {(r["set"], r["metric"], r["note"]): r for r in fp32_rows}
     worst = None
@@ -519,8 +519,8 @@ def refusal(report: Report, fp32_rows: list[dict], precision: str, limit: float 
         if fp32 is None or row.count < REFUSAL_MIN_ITEMS or row.note == "baseline" or row.note.startswith("teacher"):
             continue
         points = 100 * (fp32["value"] - row.value)
-        if points > limit and (worst is None or points > worst.points):
-            worst = RefusedPrecision(
+        if worst is None or points > worst.points:
+            worst = HeldOutCost(
                 figure=f"{row.set}: {row.metric}", count=row.count, fp32=fp32["value"], variant=row.value,
                 points=round(points, 4), limit=limit, measured_on=cpu_description(),
                 measured=f"{date.today()}: bigs eval {report.model} --precision {precision}, against the artifact's eval.json",
@@ -528,10 +528,33 @@ def refusal(report: Report, fp32_rows: list[dict], precision: str, limit: float 
     return worst
 
 
+def refusal(report: Report, fp32_rows: list[dict], precision: str, limit: float = SERVED_LIMIT_POINTS):
+    """The `RefusedPrecision` (export/manifest.py) of `report` (`held_out_cost`), where its figure fell more than
+    `limit` points; None where none did."""
+    from export.manifest import RefusedPrecision
+
+    cost = held_out_cost(report, fp32_rows, precision, limit)
+    return RefusedPrecision(**cost.model_dump()) if cost is not None and cost.points > limit else None
+
+
+def int8_floor_of(export_dir: str | Path) -> int:
+    """The int8 floor an export dir's int8 graphs were searched from (its manifest's `search.floor`); 0 where it
+    has none, or is not an export dir."""
+    from export.manifest import MANIFEST, read_manifest
+
+    if not (Path(export_dir) / MANIFEST).is_file():
+        return 0
+    variant = read_manifest(export_dir).precisions.get("int8")
+    return variant.search.floor if variant is not None and variant.search is not None else 0
+
+
 def decide_refusal(report: Report, artifact_dir: Path, precision: str, limit: float) -> str:
     """`bigs eval … --refuse-beyond`: the artifact dir's refusal of `precision` written (or taken back) from
-    `report` against its eval.json (`refusal`); what was decided, in a line."""
-    from export.manifest import read_refusals, write_refusals
+    `report` against its eval.json (`refusal`); what was decided, in a line. For int8, the floor the export's
+    search started from (`int8_floor_of`) goes with the verdict: within the limit, it becomes the artifact dir's
+    int8 floor (export/manifest.py `INT8_FLOOR_FILE`; none where the export had none); beyond, a floor the dir
+    had is taken back with the refusal, since that many products in fp32 no longer keep it within."""
+    from export.manifest import Int8Floor, read_refusals, write_int8_floor, write_refusals
 
     if precision not in ("int8", "bf16"):
         raise ValueError(f"--refuse-beyond judges one reduced precision (--precision int8 or bf16), not {precision}")
@@ -539,14 +562,30 @@ def decide_refusal(report: Report, artifact_dir: Path, precision: str, limit: fl
     if not card.is_file():
         raise FileNotFoundError(f"{card} not found: score the artifact first (bigs eval {artifact_dir} --json {card})")
     refused = read_refusals(artifact_dir)
-    found = refusal(report, json.loads(card.read_text())["rows"], precision, limit)
+    rows = json.loads(card.read_text())["rows"]
+    cost = held_out_cost(report, rows, precision, limit)
+    floor = int8_floor_of(report.model) if precision == "int8" else 0
+    found = refusal(report, rows, precision, limit)
     if found is None:
         refused.pop(precision, None)
         write_refusals(artifact_dir, refused)
-        return f"{precision} is within {limit:g} points of fp32 on every figure precise enough to tell: not refused"
+        said = f"{precision} is within {limit:g} points of fp32 on every figure precise enough to tell: not refused"
+        if precision == "int8" and floor and cost is not None:
+            kept = write_int8_floor(artifact_dir, Int8Floor(fp32_products=floor, held_out=cost))
+            said += f"; its floor of {floor} products in fp32 recorded in {kept}"
+        elif precision == "int8":
+            write_int8_floor(artifact_dir, None)  # no floor was needed for this figure
+        return said
     refused[precision] = found
     path = write_refusals(artifact_dir, refused)
-    return f"{precision} refused in {path}: {found.why()}"
+    said = f"{precision} refused in {path}: {found.why()}"
+    if precision == "int8":
+        write_int8_floor(artifact_dir, None)
+        said += (
+            f" (its int8 was searched from a floor of {floor} products in fp32; an export with more, "
+            "`bigs export --int8-floor N`, may be within: score it the same way)"
+        )
+    return said
 
 
 def evaluate(

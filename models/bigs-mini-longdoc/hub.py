@@ -352,10 +352,12 @@ def model_card(
     limitations: str | None = None,
     served: dict | None = None,
     refused: dict[str, str] | None = None,
+    int8_floor: str | None = None,
 ) -> str:
     """README.md text: YAML front matter (huggingface_hub's ModelCardData) and what the dir knows.
     `served`: eval-served.json, the export's figures at the precision it is served at; `refused`: the reduced
-    precisions the dir refuses (refused_precisions.json), each with why."""
+    precisions the dir refuses (refused_precisions.json), each with why; `int8_floor`: why int8 leaves more in
+    fp32 than its gate asks (int8_floor.json)."""
     architecture = (config.get("architectures") or ["BiGSModel"])[0]
     meta = card_metadata(config, card)
     d, layers = config.get("hidden_size"), config.get("num_hidden_layers")
@@ -391,7 +393,7 @@ def model_card(
         labels = ", ".join(str(v) for _, v in sorted(config["id2label"].items(), key=lambda kv: int(kv[0])))
         lines += [f"Labels: {labels}.", ""]
     lines += evaluation_lines(evaluation)
-    lines += served_lines(evaluation, served, refused)
+    lines += served_lines(evaluation, served, refused, int8_floor)
     if limitations:
         lines += ["## Limitations", "", limitations.strip(), ""]
     lines += usage_section(architecture, dense)
@@ -510,10 +512,13 @@ def evaluation_lines(report: dict | None) -> list[str]:
     return [*lines, ""]
 
 
-def served_lines(report: dict | None, served: dict | None, refused: dict[str, str] | None = None) -> list[str]:
+def served_lines(
+    report: dict | None, served: dict | None, refused: dict[str, str] | None = None, int8_floor: str | None = None
+) -> list[str]:
     """The figures of the model as served at reduced precision (eval-served.json) beside eval.json's, row by
     row (same set, metric and note): what the speed-up costs in accuracy. Baselines are left out. Then each
-    precision the dir refuses (`refused`: precision → why), which export writes no variant of."""
+    precision the dir refuses (`refused`: precision → why), which export writes no variant of, and the int8
+    floor (`int8_floor`: why int8 leaves the products it names in fp32)."""
     if not report or not served:
         return []
     fp32 = {(r["set"], r["metric"], r.get("note", "")): r["value"] for r in report.get("rows", [])}
@@ -531,6 +536,8 @@ def served_lines(report: dict | None, served: dict | None, refused: dict[str, st
     for precision, why in (refused or {}).items():
         lines += ["", f"Not served at {precision}: this dir refuses it (refused_precisions.json; export writes no "
                   f"{precision} variant by default): {why}."]  # fmt: skip
+    if int8_floor:
+        lines += ["", f"int8 leaves more of its products in fp32 than its accuracy gate asks: {int8_floor}."]
     return [*lines, ""]
 
 
@@ -607,10 +614,15 @@ def write_model_card(out_dir: str | Path) -> bool:
     served_path = out_dir / SERVED_EVALUATION
     served = json.loads(served_path.read_text()) if served_path.is_file() else None
     limitations = (out_dir / LIMITATIONS).read_text(encoding="utf-8") if (out_dir / LIMITATIONS).is_file() else None
-    from export.manifest import read_refusals  # here, not above: the copy in a model dir is imported on its own
+    # here, not above: the copy in a model dir is imported on its own
+    from export.manifest import read_int8_floor, read_refusals
 
     refused = {precision: r.why() for precision, r in read_refusals(out_dir).items()}
-    card_text = model_card(name, config, card, notes, read_dense(out_dir), evaluation, limitations, served, refused)
+    floor = read_int8_floor(out_dir)
+    card_text = model_card(
+        name, config, card, notes, read_dense(out_dir), evaluation, limitations, served, refused,
+        None if floor is None else floor.why(),
+    )  # fmt: skip
     path.write_text(card_text, encoding="utf-8")
     return True
 
