@@ -355,9 +355,14 @@ def plan_int8(
         f"{job.name}: int8 at bucket {bucket}{levers(tried)}: gate {'passed, kept' if tried.passed else 'FAILED'}"
         + ("" if tried.passed else ", written without them")
     )
+    more_products = lambda bucket, tried: job.emit(
+        f"{job.name}: int8 at bucket {bucket} without the levers, {tried.fp32_products} products fp32: gate "
+        + ("passed, kept" if tried.passed else "FAILED")
+    )
     return Int8Plan(
-        recipe, record, tokenizer, head, GateThresholds(), long_bucket, searched_graphs, workspace=workspace
-    ).write
+        recipe, record, tokenizer, head, GateThresholds(), long_bucket, searched_graphs, workspace=workspace,
+        done_more=more_products,
+    ).write  # fmt: skip
 
 
 def describe_artifact(
@@ -513,6 +518,11 @@ def summary(manifest: Manifest, out_dir: str | Path) -> str:
             if search.ssm_convolutions or search.gelu_approximation:
                 levered = [b for b in manifest.buckets if any(search.levers_at(b))]
                 lines[-1] += f" (at buckets {', '.join(map(str, levered))})"
+            for bucket, more in sorted(search.long_products.items()):
+                lines.append(
+                    f"    at bucket {bucket}: {more.chosen.fp32_products} products fp32, no levers "
+                    f"({len(more.fp32)} more than the search's; gate {'passed' if more.passed else 'FAILED'})"
+                )
     if manifest.latency is not None:
         figures = manifest.latency.ms
         for bucket in manifest.buckets:

@@ -39,7 +39,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, model_validator
 
 from .heads import Head
 
@@ -222,6 +222,40 @@ class Fp32Product(_Section):
     why: str
 
 
+class BucketTry(_Section):
+    """One graph of a bucket longer than the search's, gated there (`LongBucketProducts`): the top `fp32_products` of
+    the search's ranking left in fp32, without the levers."""
+
+    fp32_products: int
+    gate: GateMeasured
+
+    @property
+    def passed(self) -> bool:
+        return self.gate.passed
+
+
+class LongBucketProducts(_Section):
+    """Step 6 of the int8 search (export/int8_search.py `Int8Plan`): at a bucket longer than the search's where
+    the levers failed its gate, the graph without them gated there too, then, while that fails, the next counts
+    of the search's ranking left in fp32 at this bucket alone, each gated, and halved between the last that failed
+    and the first that passed; the bucket's graph is written with the fewest that passed, else the most tried."""
+
+    tries: list[BucketTry]
+    fp32: list[Fp32Product] = Field(default_factory=list)  # left fp32 here beyond the search's own (`Int8Search.fp32`)
+
+    @property
+    def chosen(self) -> BucketTry:
+        """The try the bucket's graph was written with."""
+        passing = [t for t in self.tries if t.passed]
+        if passing:
+            return min(passing, key=lambda t: t.fp32_products)
+        return max(self.tries, key=lambda t: t.fp32_products)
+
+    @property
+    def passed(self) -> bool:
+        return bool(self.tries) and self.chosen.passed
+
+
 class Int8Search(_Section):
     """How the int8 graphs were made: the recipe, the ranking, every try, and the products left in fp32."""
 
@@ -253,6 +287,12 @@ class Int8Search(_Section):
     # step 5: the levers tried again at each bucket longer than `gated_at`, each with that bucket's gate ({}
     # where none were kept, or in a dir written before: those buckets were quantized without them)
     long_buckets: dict[int, LeverGate] = Field(default_factory=dict)
+    # step 6: at a longer bucket where the levers failed, the graph without them gated, and more products left
+    # in fp32 there while it fails ({} where no longer bucket needed it, or in a dir written before)
+    long_products: dict[int, LongBucketProducts] = Field(default_factory=dict)
+    # in this process only, never written: the products in the chosen try's ranking order (export/int8_search.py
+    # `RankedProduct`), from which step 6 takes more at a longer bucket
+    _ranking: list = PrivateAttr(default_factory=list)
     # the exact rewrites every graph was written with (export/int8_graph.py; False in a dir written before them):
     # each GELU after an int8 product reads it with its bias added, and the smoothing factors a LayerNorm or a
     # gate's linear can take are there rather than in a Mul
@@ -270,13 +310,19 @@ class Int8Search(_Section):
 
     def gated_graphs(self) -> dict[int, GateMeasured]:
         """The gate of each bucket whose int8 graph, as written, the search itself measured: the chosen try's at
-        the buckets it gated (a try that failed at the first was gated no further), and step 5's where a longer
-        bucket kept the levers (one written again without them was not gated as written). The export records
-        these as the variant's gate there instead of measuring the same graph on the same text again."""
+        the buckets it gated (a try that failed at the first was gated no further), step 5's where a longer
+        bucket kept the levers, and step 6's chosen try where it wrote one without them. The export records these
+        as the variant's gate there instead of measuring the same graph on the same text again."""
         chosen = self.chosen
         gated = {self.bucket: chosen.gate, **chosen.gates_elsewhere}
         gated.update({b: tried.gate for b, tried in self.long_buckets.items() if tried.passed})
+        gated.update({b: more.chosen.gate for b, more in self.long_products.items() if more.tries})
         return dict(sorted(gated.items()))
+
+    def fp32_at(self, bucket: int) -> list[Fp32Product]:
+        """The weight products `bucket`'s int8 graph computes in fp32: the search's, and step 6's there."""
+        more = self.long_products.get(bucket)
+        return self.fp32 + (more.fp32 if more is not None else [])
 
     @property
     def chosen(self) -> Int8Try:

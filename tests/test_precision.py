@@ -1823,3 +1823,56 @@ def test_the_search_buckets_int8_graphs_are_written_as_the_search_gated_them_not
         assert nodes == fresh_nodes and sorted(weights) == sorted(fresh_weights), bucket
         for name, array in weights.items():
             np.testing.assert_array_equal(array, fresh_weights[name], err_msg=f"{bucket}: {name}")
+
+
+@pytest.mark.slow
+def test_a_longer_bucket_whose_gate_fails_leaves_more_products_in_fp32_there_alone_and_names_them(
+    variant_exports, tmp_path, tokenizer
+):
+    """Step 6 of the search (export/int8_search.py `Int8Plan`): at a bucket longer than the search's, where the
+    levers and then the graph without them miss that bucket's gate, the next steps of the ranking are left in
+    fp32 there alone, halved to the fewest that pass; the graph is written with those, and the manifest names
+    them. The bar at 1,024 is set between what the search's own count and the ranking's largest step give."""
+    from dataclasses import replace
+
+    from export.gate import measure_gate, ort_runner, remembered
+    from export.heads import primary_head
+    from export.int8_search import Int8Plan, _session, exclusion_counts, search_buckets, search_int8
+    from export.manifest import GateThresholds, read_manifest
+    from export.onnx import write_int8_graph
+
+    export_dir = variant_exports["cls"]
+    manifest = read_manifest(export_dir)
+    graphs = {b: export_dir / manifest.onnx.graph(b).file for b in search_buckets(manifest.buckets)}
+    head, long = primary_head(manifest.model.architecture), 1024
+    recipe, record, _ = search_int8(graphs, tokenizer, head, GateThresholds())
+    ranking, chosen = record._ranking, len(record.fp32)
+    most = max(c for c in exclusion_counts(ranking) if c > chosen)
+    fp32_graph = export_dir / manifest.onnx.graph(long).file
+    reference = remembered(ort_runner({long: _session(fp32_graph)}))
+
+    def cosine(count: int) -> float:
+        weights = frozenset(r.weight for r in ranking[:count])
+        write_int8_graph(fp32_graph, tmp_path / "probe.onnx", replace(recipe.without_levers(), fp32_weights=weights))
+        run = ort_runner({long: _session(tmp_path / "probe.onnx")})
+        return measure_gate(tokenizer, long, head, reference, run, GateThresholds()).embedding_cosine_min
+
+    few, many = cosine(chosen), cosine(most)
+    assert many > few, (few, many)  # more products in fp32, closer to fp32's answers
+    bar = GateThresholds(embedding_cosine_min=(few + many) / 2, classification_agreement_min=0.0)
+    plan = Int8Plan(recipe, record, tokenizer, head, bar)
+    plan.write(long, fp32_graph, tmp_path / f"{long}.int8.onnx")
+
+    assert not record.long_buckets[long].passed  # the levers first, refused by the bar
+    more = record.long_products[long]
+    assert more.tries[0].fp32_products == chosen and not more.tries[0].passed
+    assert more.passed and chosen < more.chosen.fp32_products <= most
+    assert all(not t.passed for t in more.tries if t.fp32_products < more.chosen.fp32_products)
+    extra = ranking[chosen : more.chosen.fp32_products]
+    assert [p.weight for p in more.fp32] == [r.weight for r in extra]
+    assert [p.rank for p in more.fp32] == list(range(chosen + 1, more.chosen.fp32_products + 1))
+    assert all(f"left fp32 at bucket {long} alone" in p.why for p in more.fp32)
+    # the graph as written is the chosen try's, and the manifest's names are the products it leaves in fp32
+    assert fp32_weight_products(tmp_path / f"{long}.int8.onnx") == {p.weight for p in record.fp32_at(long)}
+    assert record.gated_graphs()[long] == more.chosen.gate
+    assert record.fp32_at(min(graphs)) == record.fp32  # the search's own buckets keep the search's products
