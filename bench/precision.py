@@ -35,7 +35,8 @@ Candidates (those the dir and this install have):
     ort-int8-ssm-signed-tanh-gelu-unfolded  both undone: what export wrote before the rewrites on such a CPU
                              The columns set their levers at every bucket asked; export writes each bucket with
                              the levers its gate kept (the manifest's `search.levers_at`), so at each bucket one
-                             of them is ort-int8 made again
+                             of them is ort-int8 made again, except at a bucket where step 6 of the search left
+                             more products in fp32 (`search.fp32_at`): there every column has the search's own
     ort-int8-static          static QDQ, weights per channel, activation ranges calibrated (MinMax) on the
                              gate's real text at the bucket (`gate_batches`): the most favourable calibration
     ort-int8-blockwise       MatMulNBits 8-bit, weights in blocks of 32, activations quantized per row and
