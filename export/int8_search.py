@@ -67,7 +67,7 @@ to 512 (32 sequences a bucket; fewer beyond):
    bucket alone, each gated, then halved between the last that failed and the first that passed
    (`REFINE_TRIES`); the graph is written with the fewest that passed. The search's gate spoke for
    its buckets, and a near-tie is not the same at every length: bigs-mini-news's int8 missed at 1,024 by one
-   classification of 16 (fp32 logits 0.022 apart) with the search's 3 products in fp32 and the levers or
+   classification of 16 (fp32 logits 0.022 apart) with the search's products in fp32 and the levers or
    without, and `auto` served that bucket bf16, OpenVINO's memory for one bucket.
 
 Every try, and each product left in fp32 with why (its rank and error) and what it costs (its share of

@@ -442,7 +442,7 @@ INT8_FLOOR_FILE = "int8_floor.json"
 class Int8Floor(_Section):
     """`INT8_FLOOR_FILE`. The gate (export/gate.py) asks int8 for fp32's answers on the gate's text; a model
     can pass it and still lose more than half a point on its task (bigs-mini: -0.72 points of masked-token
-    accuracy with the gate's 4 products in fp32). Leaving the top `fp32_products` of the search's smoothed
+    accuracy with every product int8, which its gate passes). Leaving the top `fp32_products` of the search's smoothed
     ranking in fp32 too kept it within the limit (`held_out`): every int8 export of the model starts from there
     (export/int8_search.py), and may leave more where its gate asks for them."""
 
