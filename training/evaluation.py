@@ -554,7 +554,7 @@ def decide_refusal(report: Report, artifact_dir: Path, precision: str, limit: fl
     search started from (`int8_floor_of`) goes with the verdict: within the limit, it becomes the artifact dir's
     int8 floor (export/manifest.py `INT8_FLOOR_FILE`; none where the export had none); beyond, a floor the dir
     had is taken back with the refusal, since that many products in fp32 no longer keep it within."""
-    from export.manifest import Int8Floor, read_refusals, write_int8_floor, write_refusals
+    from export.manifest import Int8Floor, RefusedPrecision, read_refusals, write_int8_floor, write_refusals
 
     if precision not in ("int8", "bf16"):
         raise ValueError(f"--refuse-beyond judges one reduced precision (--precision int8 or bf16), not {precision}")
@@ -565,8 +565,7 @@ def decide_refusal(report: Report, artifact_dir: Path, precision: str, limit: fl
     rows = json.loads(card.read_text())["rows"]
     cost = held_out_cost(report, rows, precision, limit)
     floor = int8_floor_of(report.model) if precision == "int8" else 0
-    found = refusal(report, rows, precision, limit)
-    if found is None:
+    if cost is None or cost.points <= limit:
         refused.pop(precision, None)
         write_refusals(artifact_dir, refused)
         said = f"{precision} is within {limit:g} points of fp32 on every figure precise enough to tell: not refused"
@@ -576,7 +575,7 @@ def decide_refusal(report: Report, artifact_dir: Path, precision: str, limit: fl
         elif precision == "int8":
             write_int8_floor(artifact_dir, None)  # no floor was needed for this figure
         return said
-    refused[precision] = found
+    refused[precision] = found = RefusedPrecision(**cost.model_dump())
     path = write_refusals(artifact_dir, refused)
     said = f"{precision} refused in {path}: {found.why()}"
     if precision == "int8":
