@@ -295,6 +295,20 @@ def exclusion_counts(ranked: list[RankedProduct]) -> list[int]:
     return counts
 
 
+def halved(failed: int, passing: int, attempt: Callable[[int], bool]) -> int:
+    """The fewest products in fp32 tried that pass, between a count that failed and one that passed:
+    `REFINE_TRIES` halvings, each `attempt(count)` (True where it passes)."""
+    for _ in range(REFINE_TRIES):
+        middle = (failed + passing) // 2
+        if middle <= failed:
+            break
+        if attempt(middle):
+            passing = middle
+        else:
+            failed = middle
+    return passing
+
+
 def rank_on_gate_text(graphs: dict[int, Path], tokenizer, fill_mask: bool, weight_bits: int) -> Ranking:
     """Step 1 and 2's one fp32 pass: the products ranked at the shortest of `graphs` on the gate's first
     `RANKING_BATCHES` batches there, with smoothing factors from that bucket alone and from every bucket's
@@ -412,14 +426,8 @@ def search_int8(
                         passing = count
                         break
                     failed = count
-        for _ in range(REFINE_TRIES if calibrated_at and passing is not None else 0):
-            middle = (failed + passing) // 2
-            if middle <= failed:
-                break
-            if attempt(calibrated_at, middle):
-                passing = middle
-            else:
-                failed = middle
+        if calibrated_at and passing is not None:
+            passing = halved(failed, passing, lambda count: attempt(calibrated_at, count))
         # none passed: the last calibration's try with the most left in fp32
         count = passing if passing is not None else max(c for at, c, _ in tries if at == calibrated_at)
         chosen, taken = recipe_of(calibrated_at, count), {}
@@ -530,16 +538,18 @@ class Int8Plan:
         """Step 6: the bucket's graph without the levers, gated here; while it fails, the next steps of the search's
         ranking (`exclusion_counts` above the count it chose) left in fp32 at this bucket, each gated, then halved
         as the search halves; written with the fewest that passed, else the most tried (the final gate then
-        refuses int8 here). A near-tie is not the
-        same at every length either: bigs-mini-news's int8 missed at 1,024 by one classification of 16."""
+        refuses int8 here). A near-tie is not the same at every length either: bigs-mini-news's int8 missed at
+        1,024 by one classification of 16."""
         ranking, chosen = self.record._ranking, len(self.record.fp32)
         counts = [chosen, *(c for c in exclusion_counts(ranking) if c > chosen)] if ranking else [chosen]
         plain = self.recipe.without_levers()
         more = LongBucketProducts(tries=[])
 
+        def recipe_of(count: int) -> Int8Recipe:  # the top `count` of the ranking in fp32, no levers
+            return replace(plain, fp32_weights=frozenset(r.weight for r in ranking[:count]) or plain.fp32_weights)
+
         def attempt(count: int) -> bool:
-            recipe = replace(plain, fp32_weights=frozenset(r.weight for r in ranking[:count]) or plain.fp32_weights)
-            write_int8_graph(fp32_graph, dst, recipe)
+            write_int8_graph(fp32_graph, dst, recipe_of(count))
             more.tries.append(BucketTry(fp32_products=count, gate=self._gate(length, reference, dst)))
             if self.done_more is not None:
                 self.done_more(length, more.tries[-1])
@@ -551,17 +561,10 @@ class Int8Plan:
                 passing = count
                 break
             failed = count
-        for _ in range(REFINE_TRIES if passing is not None and passing > chosen else 0):  # the fewest that pass
-            middle = (failed + passing) // 2
-            if middle <= failed:
-                break
-            if attempt(middle):
-                passing = middle
-            else:
-                failed = middle
+        if passing is not None and passing > chosen:
+            halved(failed, passing, attempt)  # the fewest that pass
         if more.tries[-1].fp32_products != more.chosen.fp32_products:  # the last try written is not the chosen
-            weights = frozenset(r.weight for r in ranking[: more.chosen.fp32_products]) or plain.fp32_weights
-            write_int8_graph(fp32_graph, dst, replace(plain, fp32_weights=weights))
+            write_int8_graph(fp32_graph, dst, recipe_of(more.chosen.fp32_products))
         total = sum(r.macs for r in ranking) or 1
         more.fp32 = [
             Fp32Product(
