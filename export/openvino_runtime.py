@@ -72,13 +72,20 @@ class CompiledBucket:
         return {name: np.array(by_name[name], dtype=np.float32, copy=True) for name in wanted}
 
 
-def compile_config(precision: str, threads: int | None = None) -> dict[str, str]:
-    """The CPU plugin's properties for `precision` ("fp32" | "bf16"): latency mode, one stream."""
+def compile_config(
+    precision: str, threads: int | None = None, dynamic_quantization_group: int | None = None
+) -> dict[str, str]:
+    """The CPU plugin's properties for `precision` ("fp32" | "bf16"): latency mode, one stream.
+    `dynamic_quantization_group`: for a graph with int8-compressed weights (`compress_weights_int8`), how many
+    of a token's activations share one scale when the plugin quantizes them at run time (VNNI and AMX CPUs;
+    None: the plugin's default)."""
     if precision not in INFERENCE_PRECISION:
         raise ValueError(f"OpenVINO runs fp32 or bf16, not {precision!r}")
     config = {"INFERENCE_PRECISION_HINT": INFERENCE_PRECISION[precision], "PERFORMANCE_HINT": "LATENCY"}
     if threads:
         config["INFERENCE_NUM_THREADS"] = str(threads)
+    if dynamic_quantization_group is not None:
+        config["DYNAMIC_QUANTIZATION_GROUP_SIZE"] = str(dynamic_quantization_group)
     return config
 
 
@@ -126,8 +133,28 @@ def quantize_int8_nncf(src: str | Path, dst: str | Path, calibration: list[dict[
     ov.save_model(quantized, str(dst))
 
 
+def compress_weights_int8(src: str | Path, dst: str | Path) -> None:
+    """The ONNX graph `src` with its constant weights int8 by NNCF's weight compression (symmetric, one scale per
+    output channel; the activations stay as they are), written as OpenVINO IR (`dst` .xml, the .bin beside).
+    OpenVINO's CPU plugin keeps such weights int8 and, on VNNI and AMX CPUs, quantizes each token's activations
+    in groups at run time (`compile_config`'s `dynamic_quantization_group`), so the products run on int8 units
+    with no calibration and no range shared across tokens; elsewhere it decompresses them. Measured by
+    bench/precision.py (`ov-int8-weights`), not written by `bigs export`."""
+    import nncf
+    import openvino as ov
+
+    model = ov.Core().read_model(str(src))
+    compressed = nncf.compress_weights(model, mode=nncf.CompressWeightsMode.INT8_SYM)
+    ov.save_model(compressed, str(dst), compress_to_fp16=False)
+
+
 def compile_graph(
-    path: str | Path, precision: str = "bf16", threads: int | None = None, core=None, weights=None
+    path: str | Path,
+    precision: str = "bf16",
+    threads: int | None = None,
+    core=None,
+    weights=None,
+    dynamic_quantization_group: int | None = None,
 ) -> CompiledBucket:
     """One ONNX graph file compiled by OpenVINO's CPU plugin at `precision` (`compile_config`); its
     inputs and outputs are named as in the graph. `core`: an `openvino.Core` to reuse across calls.
@@ -139,7 +166,7 @@ def compile_graph(
     model = core.read_model(str(path))
     if weights is not None:
         share_weights(model, weights.arrays)
-    compiled = core.compile_model(model, "CPU", compile_config(precision, threads))
+    compiled = core.compile_model(model, "CPU", compile_config(precision, threads, dynamic_quantization_group))
     return CompiledBucket(
         compiled,
         [port.get_any_name() for port in compiled.inputs],

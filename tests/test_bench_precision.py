@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from bench.precision import LEVERS, NNCF_METHOD, OPENVINO_METHODS, _methods, measure
+from bench.precision import LEVERS, NNCF_METHOD, OPENVINO_METHODS, WEIGHT_COMPRESSION_METHODS, _methods, measure
 from export.manifest import read_manifest
 from export.openvino_runtime import effective_precision, load_compiled, openvino_available
 
@@ -20,7 +20,7 @@ def test_every_int8_method_is_a_column_timed_and_gated_beside_fp32(exports):
     if manifest.onnx.buckets[bucket].int8 is not None:  # the export's own int8 graphs, where it wrote them
         expected |= {"ort-int8", *LEVERS}  # and its recipe with each lever
     if openvino_available():
-        expected |= {"ov-fp32", *OPENVINO_METHODS, NNCF_METHOD}  # NNCF: a dev dependency
+        expected |= {"ov-fp32", *OPENVINO_METHODS, NNCF_METHOD, *WEIGHT_COMPRESSION_METHODS}  # NNCF: a dev dependency
         # bf16 is a column only where OpenVINO really runs it at bf16; elsewhere the table says why not
         if any(effective_precision(c) == "bf16" for c in load_compiled(export_dir, "bf16", buckets=[bucket]).values()):
             expected.add("ov-bf16")
