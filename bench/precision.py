@@ -45,11 +45,11 @@ Candidates (those the dir and this install have):
     ov-bf16           OpenVINO, the same graphs at bf16 (AMX, or AVX512_BF16; what `precision=bf16` serves);
                       left out, and said so under the table, where the CPU has no bf16 units: OpenVINO then
                       runs the bf16 hint at fp32, and the column would time ov-fp32 again under bf16's name
-    ov-int8-weights    NNCF's int8 weight compression of the fp32 graph (symmetric, per output channel) on
-                       OpenVINO at the bf16 hint: the plugin keeps the weights int8 and quantizes each token's
-                       activations at run time in groups of 32 (its default; VNNI and AMX CPUs: elsewhere it
-                       decompresses the weights), no calibration (export/openvino_runtime.py
-                       `compress_weights_int8`); left out, and said so, where NNCF is not installed
+    ov-int8-weights    OpenVINO, the fp32 graphs with every product's constant int8 (one scale per output
+                       channel, NNCF's INT8_SYM formula: export/openvino_runtime.py `int8_weights`) at the bf16
+                       hint: the plugin keeps the weights int8 and quantizes each token's activations at run time
+                       in groups of 32 (its default), on VNNI and AMX CPUs (elsewhere it decompresses the
+                       weights, and the column says how fast that is); no calibration, no search
     ov-int8-weights-g256  the same, a token's activations in groups of 256 (each product's whole row up to
                        d = 256, three groups of the FFN's down projection's 768)
     with --quantize, two of the int8 graphs above run by OpenVINO instead (`OPENVINO_METHODS`), whose CPU
@@ -150,8 +150,8 @@ LEVERS = {
 OPENVINO_METHODS = {"ov-int8-static": "ort-int8-static", "ov-int8-blockwise": "ort-int8-blockwise"}
 # With --quantize: NNCF's static int8 on OpenVINO, IR quantized here from each bucket's fp32 graph
 NNCF_METHOD = "ov-int8-nncf"
-# With --quantize: NNCF's int8 weight compression on OpenVINO, its column → the activations' group at run time
-# (None: the plugin's default, 32)
+# OpenVINO with int8 weights (`int8_weights`), its column → the activations' group at run time (None: the plugin's
+# default, 32)
 WEIGHT_COMPRESSION_METHODS = {"ov-int8-weights": None, "ov-int8-weights-g256": 256}
 
 
@@ -237,7 +237,6 @@ def candidates(
     from export.manifest import read_manifest
     from export.openvino_runtime import (
         compile_graph,
-        compress_weights_int8,
         effective_precision,
         load_compiled,
         nncf_available,
@@ -294,18 +293,19 @@ def candidates(
         for name, method in OPENVINO_METHODS.items():
             if method in made:  # at f32: the graph's own int8 products are what OpenVINO runs in int8
                 loaded[name] = {b: compile_graph(path, "fp32", threads or None) for b, path in made[method].items()}
-        if not nncf_available():
-            for name in (*WEIGHT_COMPRESSION_METHODS, *([NNCF_METHOD] if quantize else [])):
-                found.left_out[name] = "NNCF is not installed (pip install nncf)"
-        else:  # int8 weights, activations at the bf16 hint (f32 where the CPU has no bf16 units: OpenVINO's choice)
-            compressed = {b: work / f"{b}.int8-weights.xml" for b in buckets}
-            for b, ir in compressed.items():
-                compress_weights_int8(export_dir / manifest.onnx.buckets[b].file, ir)
-            for name, group in WEIGHT_COMPRESSION_METHODS.items():
-                loaded[name] = {
-                    b: compile_graph(ir, "bf16", threads or None, dynamic_quantization_group=group)
-                    for b, ir in compressed.items()
-                }
+        for name, group in WEIGHT_COMPRESSION_METHODS.items():  # the bf16 hint: f32 where there are no bf16 units
+            loaded[name] = {
+                b: compile_graph(
+                    export_dir / manifest.onnx.buckets[b].file,
+                    "bf16",
+                    threads or None,
+                    dynamic_quantization_group=group,
+                    int8=True,
+                )  # fmt: skip
+                for b in buckets
+            }
+        if quantize and not nncf_available():
+            found.left_out[NNCF_METHOD] = "NNCF is not installed (pip install nncf)"
         if quantize and nncf_available():  # IR quantized here; at f32 its own int8 products run in int8
             loaded[NNCF_METHOD] = {}
             for b in buckets:

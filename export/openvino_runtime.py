@@ -76,7 +76,7 @@ def compile_config(
     precision: str, threads: int | None = None, dynamic_quantization_group: int | None = None
 ) -> dict[str, str]:
     """The CPU plugin's properties for `precision` ("fp32" | "bf16"): latency mode, one stream.
-    `dynamic_quantization_group`: for a graph with int8-compressed weights (`compress_weights_int8`), how many
+    `dynamic_quantization_group`: for a graph with int8 weights (`int8_weights`), how many
     of a token's activations share one scale when the plugin quantizes them at run time (VNNI and AMX CPUs;
     None: the plugin's default)."""
     if precision not in INFERENCE_PRECISION:
@@ -133,19 +133,50 @@ def quantize_int8_nncf(src: str | Path, dst: str | Path, calibration: list[dict[
     ov.save_model(quantized, str(dst))
 
 
-def compress_weights_int8(src: str | Path, dst: str | Path) -> None:
-    """The ONNX graph `src` with its constant weights int8 by NNCF's weight compression (symmetric, one scale per
-    output channel; the activations stay as they are), written as OpenVINO IR (`dst` .xml, the .bin beside).
-    OpenVINO's CPU plugin keeps such weights int8 and, on VNNI and AMX CPUs, quantizes each token's activations
-    in groups at run time (`compile_config`'s `dynamic_quantization_group`), so the products run on int8 units
-    with no calibration and no range shared across tokens; elsewhere it decompresses them. Measured by
-    bench/precision.py (`ov-int8-weights`), not written by `bigs export`."""
-    import nncf
-    import openvino as ov
+def symmetric_int8(weight: np.ndarray, axis: int) -> tuple[np.ndarray, np.ndarray]:
+    """`weight` as int8 values and one fp32 scale per slice along `axis` (the axis a product sums over, so one
+    scale per output channel): weight ≈ values · scale. NNCF's INT8_SYM formula: each channel's value of largest
+    magnitude maps to −128, so the channel spans the whole int8 range (scale = that value / −128, signed)."""
+    extreme = np.take_along_axis(weight, np.expand_dims(np.abs(weight).argmax(axis=axis), axis), axis=axis)
+    scale = (extreme / -128.0).astype(np.float32)
+    scale[scale == 0] = 1.0  # an all-zero channel: any scale gives zeros
+    values = np.clip(np.round(weight / scale), -128, 127).astype(np.int8)
+    return values, scale
 
-    model = ov.Core().read_model(str(src))
-    compressed = nncf.compress_weights(model, mode=nncf.CompressWeightsMode.INT8_SYM)
-    ov.save_model(compressed, str(dst), compress_to_fp16=False)
+
+def int8_weights(model) -> int:
+    """Every constant operand of `model`'s MatMuls (an `openvino.Model`: the weight products' weights, and the
+    SSM convolutions' constants on the left) replaced by int8 values times a per-output-channel scale
+    (`symmetric_int8`), the pattern of NNCF's weight compression (`compress_weights`, INT8_SYM), which
+    tests/test_bench_precision.py holds this to. OpenVINO's CPU plugin keeps such weights int8 and, on VNNI and
+    AMX CPUs, quantizes each token's activations in groups at run time (`compile_config`'s
+    `dynamic_quantization_group`), so the products run on int8 units with no calibration and no range shared
+    across tokens; elsewhere it decompresses them. Done here rather than by NNCF, whose install brings scipy and
+    scikit-learn: the formula is the three lines above, and the scales stay fp32 where NNCF stores fp16 (the
+    SSM's carry constants reach 1e-30, below fp16's range). Returns how many constants were replaced."""
+    import openvino as ov
+    import openvino.opset13 as ops
+
+    replaced = 0
+    for node in list(model.get_ops()):
+        if node.get_type_name() != "MatMul":
+            continue
+        transpose = node.get_attributes()
+        for port in (0, 1):
+            constant = node.input_value(port).get_node()
+            if constant.get_type_name() != "Constant" or constant.get_output_element_type(0) != ov.Type.f32:
+                continue
+            weight = constant.get_data()
+            if weight.ndim < 2:
+                continue
+            # the axis the product sums over: rows of the right operand, columns of the left, unless transposed
+            transposed = transpose["transpose_b" if port == 1 else "transpose_a"]
+            axis = (-2 if port == 1 else -1) if not transposed else (-1 if port == 1 else -2)
+            values, scale = symmetric_int8(weight, axis)
+            weight_f32 = ops.multiply(ops.convert(ops.constant(values), ov.Type.f32), ops.constant(scale))
+            node.input(port).replace_source_output(weight_f32.output(0))
+            replaced += 1
+    return replaced
 
 
 def compile_graph(
@@ -155,17 +186,22 @@ def compile_graph(
     core=None,
     weights=None,
     dynamic_quantization_group: int | None = None,
+    int8: bool = False,
 ) -> CompiledBucket:
     """One ONNX graph file compiled by OpenVINO's CPU plugin at `precision` (`compile_config`); its
     inputs and outputs are named as in the graph. `core`: an `openvino.Core` to reuse across calls.
     `weights`: the export's weights already in memory (export/onnx_runtime.py `MappedWeights`), which
-    the graph's constants then point into (`share_weights`) instead of holding a copy of their own."""
+    the graph's constants then point into (`share_weights`) instead of holding a copy of their own.
+    `int8`: its products' constants int8 (`int8_weights`), their activations quantized at run time in groups of
+    `dynamic_quantization_group` (VNNI and AMX CPUs)."""
     import openvino as ov
 
     core = core or ov.Core()
     model = core.read_model(str(path))
     if weights is not None:
         share_weights(model, weights.arrays)
+    if int8:
+        int8_weights(model)
     compiled = core.compile_model(model, "CPU", compile_config(precision, threads, dynamic_quantization_group))
     return CompiledBucket(
         compiled,

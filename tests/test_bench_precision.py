@@ -36,3 +36,60 @@ def test_every_int8_method_is_a_column_timed_and_gated_beside_fp32(exports):
     assert table.gate["ort-fp32"][bucket].passed
     header = table.markdown().splitlines()[2]
     assert all(f" {name} " in header for name in expected)
+
+
+def test_int8_weights_are_nncfs_int8_sym_values_with_fp32_scales(exports):
+    """`int8_weights` is NNCF's weight compression (INT8_SYM) without NNCF at run time: the same constants replaced,
+    the same int8 values wherever NNCF's fp16 scale is a normal fp16 number (elsewhere NNCF's scale has lost the
+    precision the fp32 one keeps), up to the rounding of that fp16 scale: one quantum, at few values."""
+    nncf = pytest.importorskip("nncf")  # the dev extra's: the reference, not a dependency of the service
+    import numpy as np
+    import openvino as ov
+
+    from export.openvino_runtime import int8_weights
+
+    export_dir = exports["mlm"]
+    manifest = read_manifest(export_dir)
+    graph = str(export_dir / manifest.onnx.graph(max(manifest.buckets)).file)
+    core = ov.Core()
+
+    def compressed(model) -> dict[tuple[str, int], tuple[np.ndarray, np.ndarray]]:
+        """(MatMul, port) → (int8 values, scales) of every int8 constant feeding a MatMul through Convert/Multiply"""
+        found = {}
+        for node in model.get_ops():
+            if node.get_type_name() != "MatMul":
+                continue
+            for port in (0, 1):
+                source = node.input_value(port).get_node()
+                while source.get_type_name() == "Convert" and source.get_output_element_type(0) == ov.Type.f32:
+                    source = source.input_value(0).get_node()  # NNCF's fp16 → fp32 after its Multiply
+                if source.get_type_name() != "Multiply":
+                    continue
+                values, scale = (source.input_value(i).get_node() for i in (0, 1))
+                while values.get_type_name() == "Convert":
+                    values = values.input_value(0).get_node()
+                if values.get_type_name() != "Constant" or values.get_output_element_type(0) != ov.Type.i8:
+                    continue  # a Multiply of activations (the gates), not a weight's scale
+                found[(node.get_friendly_name(), port)] = (values.get_data(), scale.get_data().astype(np.float32))
+        return found
+
+    ours = core.read_model(graph)
+    replaced = int8_weights(ours)
+    reference = nncf.compress_weights(core.read_model(graph), mode=nncf.CompressWeightsMode.INT8_SYM)
+    ours_by_product, nncf_by_product = compressed(ours), compressed(reference)
+    assert replaced == len(ours_by_product) > 0
+    assert set(ours_by_product) == set(nncf_by_product)
+    compared = 0
+    for product, (values, scale) in ours_by_product.items():
+        assert scale.dtype == np.float32
+        nncf_values, nncf_scale = nncf_by_product[product]
+        if values.shape != nncf_values.shape:  # NNCF may store a weight transposed (and its MatMul flag with it)
+            nncf_values, nncf_scale = np.swapaxes(nncf_values, -1, -2), np.swapaxes(nncf_scale, -1, -2)
+        if np.abs(nncf_scale).min() < np.finfo(np.float16).tiny:
+            continue
+        compared += 1
+        differ = values.astype(np.int16) != nncf_values.astype(np.int16)
+        assert np.abs(values.astype(np.int16) - nncf_values)[differ].max(initial=0) <= 1, product
+        assert differ.mean() < 0.01, product
+        np.testing.assert_allclose(scale, nncf_scale, rtol=1e-3)  # fp16 keeps 11 bits
+    assert compared >= len(ours_by_product) // 2
