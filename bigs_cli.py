@@ -402,9 +402,9 @@ def cmd_bench(args: argparse.Namespace) -> None:
 def cmd_eval(args: argparse.Namespace) -> None:
     from training.evaluation import decide_refusal, evaluate
 
-    if args.refuse_beyond is not None and (args.artifact is None or args.precision not in ("int8", "bf16")):
+    if args.refuse_beyond is not None and (args.artifact is None or args.precision in ("fp32", "auto")):
         fail("eval", "--refuse-beyond judges one reduced precision of an export against its artifact: give "
-             "--precision int8 or bf16 and --artifact DIR")  # fmt: skip
+             "--precision int8, bf16 or int8-openvino and --artifact DIR")  # fmt: skip
     try:
         report = evaluate(args.model, args.data_dir, args.precision, args.work_dir, args.teacher)
         print(report.table())
@@ -561,8 +561,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--precisions",
         default=None,
         help="comma-separated reduced-precision variants to write, gate on real text and time: int8 (ORT), "
-        "bf16 (OpenVINO); default int8, plus bf16 where OpenVINO is installed and the CPU has bf16 units; "
-        "none: fp32 only",
+        "bf16 (OpenVINO), int8-openvino (OpenVINO, int8 weights, activations quantized per token at run time; "
+        "CPUs with VNNI or AMX-INT8); default int8, plus bf16 where OpenVINO is installed and the CPU has bf16 "
+        "units; none: fp32 only",
     )
     export.add_argument(
         "--int8-floor",
@@ -614,7 +615,7 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate.add_argument(
         "--precision",
         default="fp32",
-        choices=["fp32", "int8", "bf16", "auto"],
+        choices=["fp32", "int8", "bf16", "int8-openvino", "auto"],
         help="export dirs only; auto: per bucket what `bigs serve` serves on this CPU (the served variant's figures)",
     )
     evaluate.add_argument("--json", help="also write the report here")
@@ -628,7 +629,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--refuse-beyond",
         type=float,
         metavar="POINTS",
-        help="with --precision int8 or bf16 and --artifact: where a figure of the model's, of at least "
+        help="with --precision int8, bf16 or int8-openvino and --artifact: where a figure of the model's, of at least "
         "1,000 items, falls more than POINTS below the artifact's eval.json, the artifact dir refuses that "
         "precision (refused_precisions.json: export then writes no such variant by default); within, a "
         "refusal is taken back",

@@ -112,7 +112,9 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="bigs bench memory", description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", action="append", required=True, help="NAME=EXPORT_DIR (repeat)")
     parser.add_argument("--rounds", type=int, default=2, help="alternating rounds of the two settings")
-    parser.add_argument("--precision", default="auto", help="BIGS_PRECISION of the server (auto, fp32, int8, bf16)")
+    parser.add_argument(
+        "--precision", default="auto", help="BIGS_PRECISION of the server (auto, fp32, int8, bf16, int8-openvino)"
+    )
     args = parser.parse_args(argv)
     print(f"CPU: {cpu_description()}, {os.cpu_count()} cores; models: {' '.join(args.model)}; "
           f"precision {args.precision}", flush=True)  # fmt: skip

@@ -51,7 +51,8 @@ Candidates (those the dir and this install have):
                        in groups of 32 (its default), on VNNI and AMX CPUs (elsewhere it decompresses the
                        weights, and the column says how fast that is); no calibration, no search
     ov-int8-weights-g256  the same, a token's activations in groups of 256 (each product's whole row up to
-                       d = 256, three groups of the FFN's down projection's 768)
+                       d = 256, three groups of the FFN's down projection's 768): what `precision=int8-openvino`
+                       serves
     with --quantize, two of the int8 graphs above run by OpenVINO instead (`OPENVINO_METHODS`), whose CPU
     plugin has int8 kernels of its own:
     ov-int8-static     the ort-int8-static graph: OpenVINO runs its QDQ products as int8 products
@@ -150,9 +151,9 @@ LEVERS = {
 OPENVINO_METHODS = {"ov-int8-static": "ort-int8-static", "ov-int8-blockwise": "ort-int8-blockwise"}
 # With --quantize: NNCF's static int8 on OpenVINO, IR quantized here from each bucket's fp32 graph
 NNCF_METHOD = "ov-int8-nncf"
-# OpenVINO with int8 weights (`int8_weights`), its column → the activations' group at run time (None: the plugin's
-# default, 32)
-WEIGHT_COMPRESSION_METHODS = {"ov-int8-weights": None, "ov-int8-weights-g256": 256}
+# OpenVINO with int8 weights (`int8_weights`), its column → the activations' group at run time (32: the plugin's
+# default; 256: what precision int8-openvino serves, export/openvino_runtime.py `INT8_ACTIVATION_GROUP`)
+WEIGHT_COMPRESSION_METHODS = {"ov-int8-weights": 32, "ov-int8-weights-g256": 256}
 
 
 @dataclass
@@ -293,14 +294,13 @@ def candidates(
         for name, method in OPENVINO_METHODS.items():
             if method in made:  # at f32: the graph's own int8 products are what OpenVINO runs in int8
                 loaded[name] = {b: compile_graph(path, "fp32", threads or None) for b, path in made[method].items()}
-        for name, group in WEIGHT_COMPRESSION_METHODS.items():  # the bf16 hint: f32 where there are no bf16 units
+        for name, group in WEIGHT_COMPRESSION_METHODS.items():  # what precision int8-openvino serves, by group
             loaded[name] = {
                 b: compile_graph(
                     export_dir / manifest.onnx.buckets[b].file,
-                    "bf16",
+                    "int8-openvino",
                     threads or None,
                     dynamic_quantization_group=group,
-                    int8=True,
                 )  # fmt: skip
                 for b in buckets
             }

@@ -54,7 +54,8 @@ if TYPE_CHECKING:
     from .onnx import WriteInt8
 
 DEFAULT_BUCKETS = (128, 256, 512, 1024, 2048, 4096)
-PRECISIONS = ("int8", "bf16")
+# "int8-openvino" is written only when asked for (`--precisions`): see `default_precisions`
+PRECISIONS = ("int8", "bf16", "int8-openvino")
 FORMATS = ("onnx", "stablehlo")
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "special_tokens_map.json")
 BERT_VOCAB_SIZE = 30522
@@ -66,7 +67,9 @@ DEFAULT = "default"  # `ExportOptions.precisions`: the variants that can be writ
 def default_precisions() -> tuple[str, ...]:
     """What `DEFAULT` means on this machine: int8, which ONNX Runtime runs on any CPU (its gate and its
     measured latency decide whether it is served), and bf16 where OpenVINO is installed and this CPU
-    has bf16 units; elsewhere OpenVINO would compute f32 and there would be no bf16 to record."""
+    has bf16 units; elsewhere OpenVINO would compute f32 and there would be no bf16 to record. Not int8-openvino:
+    OpenVINO's compiled buckets hold memory of their own (docs/BENCHMARKS.md: the five defaults would hold ~1.2 GB
+    ready on it against 0.84 GB on ONNX Runtime), so a dir has it where its user asked for it."""
     from .cpu import has_bf16_units
     from .openvino_runtime import openvino_available
 

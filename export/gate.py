@@ -196,6 +196,10 @@ VARIANT_HOW = {
     "embeddings, LayerNorm and softmax fp32 (export/onnx.py, export/int8_search.py)",
     "bf16": "OpenVINO CPU, the fp32 graphs at INFERENCE_PRECISION_HINT=bf16 (AMX or AVX512_BF16 products, "
     "fp32 accumulation; export/openvino_runtime.py)",
+    "int8-openvino": "OpenVINO CPU, the fp32 graphs with every MatMul's constant int8, one scale per output channel "
+    "(export/openvino_runtime.py `int8_weights`), each token's activations quantized at run time in groups of "
+    "`INT8_ACTIVATION_GROUP` (VNNI or AMX-INT8 products), the rest at INFERENCE_PRECISION_HINT=bf16 (f32 on a CPU "
+    "without bf16 units)",
 }
 
 
@@ -259,8 +263,10 @@ def remembered(run: RunBatch) -> RunBatch:
 
 
 class VariantUnavailable(Exception):
-    """A variant that cannot run as itself on this machine (the message says why): bf16 where OpenVINO is
-    not installed, or where OpenVINO would run the graphs at f32 because the CPU has no bf16 instructions."""
+    """A variant that cannot run as itself on this machine (the message says why): bf16 or int8-openvino where
+    OpenVINO is not installed; bf16 where OpenVINO would run the graphs at f32 because the CPU has no bf16
+    instructions; int8-openvino where it has no int8 dot products, on which OpenVINO decompresses the weights
+    instead of quantizing the activations."""
 
 
 @dataclass(frozen=True)
@@ -291,6 +297,19 @@ def variant_runner(
             raise VariantUnavailable(
                 f"OpenVINO runs {effective} on this CPU ({cpu_description()}): no AVX512_BF16 or AMX"
             )
+        return VariantRunner("openvino", "fp32", lambda bucket, feeds: compiled[bucket].run(feeds))
+    if precision == "int8-openvino":
+        from .cpu import has_exact_int8_products
+        from .openvino_runtime import load_compiled, openvino_available
+
+        if not openvino_available():
+            raise VariantUnavailable("OpenVINO is not installed (the runtime of int8-openvino: pip install openvino)")
+        if not has_exact_int8_products():
+            raise VariantUnavailable(
+                f"this CPU ({cpu_description()}) has no VNNI or AMX-INT8, so OpenVINO would decompress the int8 "
+                "weights rather than run int8 products"
+            )
+        compiled = load_compiled(export_dir, "int8-openvino", buckets=buckets, manifest=manifest)
         return VariantRunner("openvino", "fp32", lambda bucket, feeds: compiled[bucket].run(feeds))
     raise ValueError(f"unknown precision {precision!r}")
 

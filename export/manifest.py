@@ -14,7 +14,7 @@ the object down. What it records:
     parity          how exported = reference was measured (export/parity.py) and whether it held
     onnx            per bucket: file, SSM formulation, inputs/outputs, measured differences, sha256
                     (and its int8 twin); the shared weights file and each tensor's place in it
-    precisions      per reduced precision (int8, bf16): runtime, graphs, and its accuracy gate on real
+    precisions      per reduced precision (int8, bf16, int8-openvino): runtime, graphs, and its accuracy gate on real
                     text per bucket, against fp32 (export/gate.py); `gate`: the text and thresholds;
                     int8's `search`: its recipe and the weight products it leaves in fp32, with why
                     and what each costs (export/int8_search.py)
@@ -407,9 +407,9 @@ class RefusedPrecision(HeldOutCost):
 
 
 class Refusals(_Section):
-    """`REFUSALS_FILE`: by precision ("int8", "bf16")."""
+    """`REFUSALS_FILE`: by precision ("int8", "bf16", "int8-openvino")."""
 
-    refused: dict[Literal["int8", "bf16"], RefusedPrecision] = Field(default_factory=dict)
+    refused: dict[Literal["int8", "bf16", "int8-openvino"], RefusedPrecision] = Field(default_factory=dict)
 
 
 def read_refusals(artifact_dir: str | Path) -> dict[str, RefusedPrecision]:
@@ -486,8 +486,8 @@ class LatencyRecord(_Section):
 
     measured_on: str  # export/cpu.py `cpu_description()`: model name and reduced-precision flags
     how: str
-    # "fp32" and each recorded variant ("int8", "bf16") → bucket → milliseconds (`how` says of which runs)
-    ms: dict[Literal["fp32", "int8", "bf16"], dict[int, float]] = Field(default_factory=dict)
+    # "fp32" and each recorded variant ("int8", "bf16", "int8-openvino") → bucket → milliseconds (`how` says of which runs)
+    ms: dict[Literal["fp32", "int8", "bf16", "int8-openvino"], dict[int, float]] = Field(default_factory=dict)
 
 
 class WeightTensor(_Section):
@@ -578,7 +578,7 @@ class Manifest(_Section):
     parity: Parity
     onnx: OnnxSection | None = None
     stablehlo: StableHLOSection | None = None
-    # reduced precision: "int8" | "bf16" → how it runs and its accuracy gate; empty: fp32 only
+    # reduced precision: "int8" | "bf16" | "int8-openvino" → how it runs and its accuracy gate; empty: fp32 only
     precisions: dict[str, PrecisionVariant] = Field(default_factory=dict)
     gate: AccuracyGate | None = None
     # measured with the gate, when export writes variants; None in an fp32-only dir or one written before

@@ -1,10 +1,13 @@
-"""Load an export dir's ONNX graphs into OpenVINO, in fp32 or bf16 (the same graphs ORT runs).
+"""Load an export dir's ONNX graphs into OpenVINO, in fp32, bf16 or int8-openvino (the same graphs ORT runs).
 
 OpenVINO's CPU plugin reads the ONNX files as they are (external data in `onnx/weights.bin`) and
 runs them at the precision given by `INFERENCE_PRECISION_HINT`: "f32", or "bf16", which uses AMX on
 CPUs that have it and AVX512_BF16 on those that have only that (OpenVINO picks bf16 by itself on
 such CPUs: the hint is always set, so "fp32" means fp32). No graph is written for bf16: the export
 dir's fp32 graphs are the bf16 variant's graphs, and `export/parity.py` measures its accuracy.
+int8-openvino is those graphs too, their products' constants made int8 as they are loaded (`int8_weights`,
+per output channel) and their activations quantized per token at run time by the plugin (VNNI and AMX CPUs),
+the rest at the bf16 hint: the accuracy gate measures it like the others (export/gate.py).
 
 Weights: `read_model` maps `weights.bin` afresh for every graph, and each compiled bucket keeps its own
 copy of every weight it does not convert (the word embeddings, the SSM kernels): six buckets of
@@ -35,8 +38,13 @@ import numpy as np
 
 from .manifest import Manifest, read_manifest
 
-# OpenVINO's names for the two precisions this loader offers
-INFERENCE_PRECISION = {"fp32": "f32", "bf16": "bf16"}
+# OpenVINO's hint for each precision this loader compiles. int8-openvino: the products' constants int8
+# (`int8_weights`), the rest at the bf16 hint (f32 where the CPU has no bf16 units: OpenVINO's own choice)
+INFERENCE_PRECISION = {"fp32": "f32", "bf16": "bf16", "int8-openvino": "bf16"}
+# int8-openvino: how many of a token's activations share one scale when the plugin quantizes them at run time.
+# 256 (a product's whole row at d = 256, three groups of the FFN's 768) ran 1.2x faster than the plugin's 32 at 512
+# and 4,096 tokens on the five defaults, every embedding cosine 0.9994 or more (docs/BENCHMARKS.md)
+INT8_ACTIVATION_GROUP = 256
 
 
 def _importable(module: str) -> bool:
@@ -75,12 +83,14 @@ class CompiledBucket:
 def compile_config(
     precision: str, threads: int | None = None, dynamic_quantization_group: int | None = None
 ) -> dict[str, str]:
-    """The CPU plugin's properties for `precision` ("fp32" | "bf16"): latency mode, one stream.
-    `dynamic_quantization_group`: for a graph with int8 weights (`int8_weights`), how many
-    of a token's activations share one scale when the plugin quantizes them at run time (VNNI and AMX CPUs;
-    None: the plugin's default)."""
+    """The CPU plugin's properties for `precision` ("fp32" | "bf16" | "int8-openvino"): latency mode, one stream.
+    `dynamic_quantization_group`: for a graph with int8 weights (`int8_weights`), how many of a token's activations
+    share one scale when the plugin quantizes them at run time (VNNI and AMX CPUs); None: int8-openvino's
+    `INT8_ACTIVATION_GROUP`, the plugin's default for the others."""
     if precision not in INFERENCE_PRECISION:
-        raise ValueError(f"OpenVINO runs fp32 or bf16, not {precision!r}")
+        raise ValueError(f"OpenVINO runs fp32, bf16 or int8-openvino, not {precision!r}")
+    if dynamic_quantization_group is None and precision == "int8-openvino":
+        dynamic_quantization_group = INT8_ACTIVATION_GROUP
     config = {"INFERENCE_PRECISION_HINT": INFERENCE_PRECISION[precision], "PERFORMANCE_HINT": "LATENCY"}
     if threads:
         config["INFERENCE_NUM_THREADS"] = str(threads)
@@ -186,21 +196,20 @@ def compile_graph(
     core=None,
     weights=None,
     dynamic_quantization_group: int | None = None,
-    int8: bool = False,
 ) -> CompiledBucket:
     """One ONNX graph file compiled by OpenVINO's CPU plugin at `precision` (`compile_config`); its
     inputs and outputs are named as in the graph. `core`: an `openvino.Core` to reuse across calls.
     `weights`: the export's weights already in memory (export/onnx_runtime.py `MappedWeights`), which
     the graph's constants then point into (`share_weights`) instead of holding a copy of their own.
-    `int8`: its products' constants int8 (`int8_weights`), their activations quantized at run time in groups of
-    `dynamic_quantization_group` (VNNI and AMX CPUs)."""
+    At int8-openvino its products' constants are made int8 first (`int8_weights`), their activations quantized
+    at run time in groups of `dynamic_quantization_group` (VNNI and AMX CPUs; `compile_config`)."""
     import openvino as ov
 
     core = core or ov.Core()
     model = core.read_model(str(path))
     if weights is not None:
         share_weights(model, weights.arrays)
-    if int8:
+    if precision == "int8-openvino":
         int8_weights(model)
     compiled = core.compile_model(model, "CPU", compile_config(precision, threads, dynamic_quantization_group))
     return CompiledBucket(

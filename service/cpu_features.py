@@ -54,9 +54,12 @@ from export.cpu import (  # noqa: F401  (the CPU, read once)
 )
 from export.manifest import LatencyRecord
 
-Precision = Literal["fp32", "int8", "bf16"]
-PrecisionSetting = Literal["auto", "fp32", "int8", "bf16"]
-REDUCED: tuple[Precision, ...] = ("int8", "bf16")
+Precision = Literal["fp32", "int8", "bf16", "int8-openvino"]
+PrecisionSetting = Literal["auto", "fp32", "int8", "bf16", "int8-openvino"]
+REDUCED: tuple[Precision, ...] = ("int8", "bf16", "int8-openvino")
+# The precisions OpenVINO serves, each compiled bucket with memory of its own (module docstring); the others run on
+# ONNX Runtime over the model's one copy of the weights
+ON_OPENVINO: tuple[Precision, ...] = ("bf16", "int8-openvino")
 PRECISION_FLAGS = ("amx_bf16", "amx_int8", "avx512_vnni", "avx_vnni", "avx512_bf16")
 
 # Which flags make a reduced precision fast, best first (any one suffices). int8 on AVX2 alone: ORT's
@@ -65,6 +68,8 @@ PRECISION_FLAGS = ("amx_bf16", "amx_int8", "avx512_vnni", "avx_vnni", "avx512_bf
 FAST_WITH: dict[Precision, tuple[str, ...]] = {
     "int8": ("amx_int8", "avx512_vnni", "avx_vnni", "avx2"),
     "bf16": ("amx_bf16",),
+    # OpenVINO quantizes the activations at run time only where the CPU has int8 dot products
+    "int8-openvino": ("amx_int8", "avx512_vnni", "avx_vnni"),
 }
 FLAG_LABELS = {**FLAG_NAMES, "avx2": "AVX2"}  # the reasons' names of the flags (FLAG_NAMES: the CPU's identity)
 
@@ -83,7 +88,9 @@ def int8_saturates(variant, flags: Iterable[str]) -> bool:
 
 
 def preference(flags: frozenset[str]) -> tuple[Precision, ...]:
-    """Reduced precisions in the order `auto` tries them on a CPU with `flags` (fastest first)."""
+    """Reduced precisions in the order `auto` tries them on a CPU with `flags` (fastest first). Not int8-openvino,
+    which `auto` serves only where the export measured it fastest on this CPU (`_auto_by_latency`): a dir has it
+    where its user asked for it (export/build.py `default_precisions`), and no flag says it pays for its memory."""
     if "amx_bf16" in flags:
         return ("bf16", "int8")
     return ("int8", "bf16")
@@ -184,7 +191,7 @@ def choose_precision(
             [f"{setting} asked for" + ("" if fast else " (this CPU has no flag that makes it fast)")],
         )
     if setting != "auto":
-        raise ValueError(f"unknown precision {setting!r}: auto, fp32, int8 or bf16")
+        raise ValueError(f"unknown precision {setting!r}: auto, fp32, int8, bf16 or int8-openvino")
 
     figures, not_measured = latency_here(latency, cpu, variants, buckets)
     if figures is not None:
@@ -281,13 +288,14 @@ def _auto_by_latency(
     bf16_min_speedup: float = BF16_MIN_SPEEDUP,
 ) -> PrecisionChoice:
     """`auto` on the CPU the export timed: per bucket, the fastest of fp32 and the variants whose gate
-    passed there, by the recorded figures, except that bf16 (a second runtime, with memory of its own
-    per bucket) must beat the fastest of the others by `bf16_min_speedup`. The CPU's flags only break a
-    tie (`preference`); a variant this CPU "lacks the flags for" is still served where it measured
-    fastest here."""
+    passed there, by the recorded figures, except that a precision on OpenVINO (bf16, int8-openvino: a second
+    runtime, with memory of its own per bucket) must beat the fastest on ONNX Runtime by `bf16_min_speedup`.
+    The CPU's flags only break a tie (`preference`); a variant this CPU "lacks the flags for" is still served
+    where it measured fastest here. int8-openvino is a candidate where the dir has it (asked for at export)."""
     whole_model: list[str] = []
     usable: list[Precision] = []
-    for precision in preference(flags):
+    extra = [p for p in REDUCED if p not in preference(flags) and variants.get(p, VariantStatus(False)).present]
+    for precision in (*preference(flags), *extra):
         status = variants.get(precision, VariantStatus(present=False))
         if not status.present:
             whole_model.append(
@@ -302,15 +310,15 @@ def _auto_by_latency(
         return [p for p in usable if variants[p].passed_at(bucket)] + ["fp32"]
 
     def fastest_on_one_copy(bucket: int) -> Precision:  # ONNX Runtime's: fp32 or int8, over the one weights copy
-        return min((p for p in candidates(bucket) if p != "bf16"), key=lambda p: ms[p][bucket])
+        return min((p for p in candidates(bucket) if p not in ON_OPENVINO), key=lambda p: ms[p][bucket])
 
-    def bf16_pays(bucket: int) -> bool:
-        return (
-            "bf16" in candidates(bucket)
-            and ms["bf16"][bucket] * bf16_min_speedup < ms[fastest_on_one_copy(bucket)][bucket]
-        )
+    def on_openvino(bucket: int) -> Precision | None:  # the fastest of OpenVINO's there, where it pays
+        fastest = min((p for p in candidates(bucket) if p in ON_OPENVINO), key=lambda p: ms[p][bucket], default=None)
+        if fastest is None or ms[fastest][bucket] * bf16_min_speedup >= ms[fastest_on_one_copy(bucket)][bucket]:
+            return None
+        return fastest
 
-    by_bucket: dict[int, Precision] = {b: "bf16" if bf16_pays(b) else fastest_on_one_copy(b) for b in buckets}
+    by_bucket: dict[int, Precision] = {b: on_openvino(b) or fastest_on_one_copy(b) for b in buckets}
 
     reasons = list(whole_model)
     for precision in (*usable, "fp32"):
@@ -324,14 +332,20 @@ def _auto_by_latency(
             figures.append(figure if len(at) == 1 else f"at {b}: {figure}")
         contested = any(len(candidates(b)) > 1 for b in at)  # else fp32 alone: nothing was faster to take
         why = [f"fastest measured on this CPU ({'; '.join(figures)})"] if contested else []
-        if precision == "bf16":
+        if precision in ON_OPENVINO:
             why = [f"fastest measured on this CPU, by {bf16_min_speedup:g}x or more ({'; '.join(figures)})"]
-        passed_over = [b for b in at if "bf16" in candidates(b) and ms["bf16"][b] < ms[precision][b]]
-        if passed_over:  # bf16 measured faster here, not by enough to pay for OpenVINO's memory
-            gains = ", ".join(f"{ms[precision][b] / ms['bf16'][b]:.2f}x at {b}" for b in passed_over)
-            why = [f"the fastest on the model's one copy of the weights ({'; '.join(figures)})",
-                   f"bf16 faster by {gains}, under the {bf16_min_speedup:g}x that pays for OpenVINO's "
-                   "memory per bucket (auto_bf16_min_speedup)"]  # fmt: skip
+        else:
+            passed_over = {  # OpenVINO measured faster here, not by enough to pay for its memory
+                b: min((p for p in candidates(b) if p in ON_OPENVINO), key=lambda p: ms[p][b])
+                for b in at
+                if any(p in ON_OPENVINO and ms[p][b] < ms[precision][b] for p in candidates(b))
+            }
+            if passed_over:
+                gains = ", ".join(f"{ms[precision][b] / ms[p][b]:.2f}x at {b}" for b, p in passed_over.items())
+                names = " or ".join(sorted(set(passed_over.values())))
+                why = [f"the fastest on the model's one copy of the weights ({'; '.join(figures)})",
+                       f"{names} faster by {gains}, under the {bf16_min_speedup:g}x that pays for OpenVINO's "
+                       "memory per bucket (auto_bf16_min_speedup)"]  # fmt: skip
         for other in usable:  # a variant left out at these buckets by its gate, not by its speed
             failed = [(b, variants[other].bucket_failures.get(b) or "not measured") for b in at
                       if not variants[other].passed_at(b)]  # fmt: skip

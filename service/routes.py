@@ -444,7 +444,7 @@ async def tei_decode(body: TEIDecodeRequest, request: Request):
 
 # TEI's words for the precision served. TEI's `model_dtype` is one dtype: a model served at several
 # precisions (auto, per bucket) gives the precision of most of its buckets; /v1/models has them all.
-MODEL_DTYPE = {"fp32": "float32", "int8": "int8", "bf16": "bfloat16"}
+MODEL_DTYPE = {"fp32": "float32", "int8": "int8", "bf16": "bfloat16", "int8-openvino": "int8"}
 
 
 @tei.get("/info", summary="The default model and the service's limits (TEI)", response_model=TEIInfo,

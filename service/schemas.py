@@ -252,7 +252,8 @@ class ModelCard(BaseModel):
     buckets: list[int] | None = None
     runtime: str | None = None
     precision: str | None = Field(
-        None, description="the precision served: fp32, int8 or bf16, or mixed (then per bucket: bucket_precisions)"
+        None,
+        description="the precision served: fp32, int8, bf16 or int8-openvino, or mixed (then per bucket: bucket_precisions)",
     )
     bucket_precisions: dict[int, str] | None = Field(
         None, description="the precision each bucket is served at (precision auto decides per bucket)"

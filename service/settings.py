@@ -32,17 +32,19 @@ class ServiceSettings(BaseSettings):
         "onnx",
         description="what runs the model: ONNX Runtime, the StableHLO artifacts (jax), or eager torch (the reference)",
     )
-    precision: Literal["auto", "fp32", "int8", "bf16"] = Field(
+    precision: Literal["auto", "fp32", "int8", "bf16", "int8-openvino"] = Field(
         "auto",
         description="auto: per model and bucket, the fastest reduced-precision variant of its export dir that "
         "passed its accuracy gate at that bucket and that this CPU runs fast (int8 with VNNI or AMX-INT8, bf16 with "
-        "AMX-BF16), else fp32 (bf16 only where it pays for its memory: auto_bf16_min_speedup); int8 or bf16: that variant at every bucket (its gate passed at every bucket) or a "
-        "start-up error (runtime onnx; bf16 runs on OpenVINO)",
+        "AMX-BF16), else fp32 (bf16 only where it pays for its memory: auto_bf16_min_speedup; int8-openvino, where "
+        "the dir has it, only where the export measured it fastest on this CPU, by the same rule); int8, bf16 or "
+        "int8-openvino: that variant at every bucket (its gate passed at every bucket) or a start-up error "
+        "(runtime onnx; bf16 and int8-openvino run on OpenVINO)",
     )
     auto_bf16_min_speedup: float = Field(
         BF16_MIN_SPEEDUP,
         ge=1.0,
-        description="precision auto serves a bucket at bf16 (OpenVINO: a compiled copy of the products' weights and "
+        description="precision auto serves a bucket at bf16 or int8-openvino (OpenVINO: a compiled copy of the products' weights and "
         "buffers of its own per bucket, +30 to +70 MB each for a d = 256 model) only where the export's latency "
         "record timed it this many times faster than the fastest of fp32 and int8 (ONNX Runtime, over the model's "
         "one copy of the weights); 1: the fastest whatever its memory",

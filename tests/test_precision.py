@@ -245,6 +245,35 @@ def test_auto_serves_bf16_on_openvino_only_where_it_beats_the_one_weights_copy_b
     assert choice.by_bucket[128] == "bf16"
 
 
+def test_auto_serves_int8_openvino_where_the_dir_has_it_by_the_same_rule_as_bf16_and_never_by_flags_alone():
+    # int8-openvino (OpenVINO, a second runtime like bf16) beats int8 by 1.25x at 128 and 512 and by 2x at 1024
+    # and 4096, where it also beats bf16: the fastest of OpenVINO's is served where it pays for its memory
+    record = timed(
+        fp32=[10, 20, 80, 160], int8=[5, 10, 40, 80], bf16=[4, 8, 30, 50], **{"int8-openvino": [4, 8, 20, 40]}
+    )
+    variants = {"int8": PASSED, "bf16": PASSED, "int8-openvino": PASSED}
+    choice = choose_precision("auto", ZEN4, variants, BUCKETS, record, THIS_CPU)
+    assert choice.by_bucket == {128: "int8", 512: "int8", 1024: "int8-openvino", 4096: "int8-openvino"}
+    assert choice.reasons[0] == (
+        "int8 at 128, 512: the fastest on the model's one copy of the weights (at 128: 5 ms vs bf16 4 ms, "
+        "int8-openvino 4 ms, fp32 10 ms; at 512: 10 ms vs bf16 8 ms, int8-openvino 8 ms, fp32 20 ms); bf16 faster "
+        "by 1.25x at 128, 1.25x at 512, under the 1.5x that pays for OpenVINO's memory per bucket "
+        "(auto_bf16_min_speedup)"
+    )  # a tie between OpenVINO's two: the first in the flags' order names it
+    assert choice.reasons[1].startswith("int8-openvino at 1024, 4096: fastest measured on this CPU, by 1.5x or more")
+    # where its gate failed, bf16 is OpenVINO's candidate there (1.6x int8 at 4096)
+    failed = {**variants, "int8-openvino": failing_at(4096)}
+    assert choose_precision("auto", ZEN4, failed, BUCKETS, record, THIS_CPU).by_bucket[4096] == "bf16"
+    # no latency record of this CPU: the flags' order, which has no int8-openvino (a dir has it where asked for)
+    assert "int8-openvino" not in choose_precision("auto", ZEN4, variants, BUCKETS).by_bucket.values()
+    assert "int8-openvino" not in choose_precision("auto", SAPPHIRE_RAPIDS, variants, BUCKETS).by_bucket.values()
+    # a dir without it (every dir exported by default): nothing said of it
+    without = choose_precision("auto", ZEN4, {"int8": PASSED, "bf16": PASSED}, BUCKETS, record, THIS_CPU)
+    assert "int8-openvino" not in without.explain()
+    # asked for, it is served at every bucket where its gate passed at every bucket
+    assert choose_precision("int8-openvino", ZEN4, variants, BUCKETS).precision == "int8-openvino"
+
+
 def test_the_bf16_min_speedup_is_a_service_setting_of_at_least_1(monkeypatch):
     from service.settings import ServiceSettings
 
@@ -402,9 +431,17 @@ def bf16_runs_here() -> bool:
     return bool({"avx512_bf16", "amx_bf16"} & cpu_flags())
 
 
+def int8_openvino_runs_here() -> bool:
+    """Whether OpenVINO runs int8 products on this CPU (VNNI or AMX-INT8), so export records int8-openvino."""
+    from export.cpu import has_exact_int8_products
+
+    return has_exact_int8_products()
+
+
 @pytest.fixture(scope="module")
 def variant_exports(tmp_path_factory):
-    """The tiny service models (tests/service_fixtures.py) exported with int8 and bf16 variants, ONNX only."""
+    """The tiny service models (tests/service_fixtures.py) exported with int8, bf16 and int8-openvino variants,
+    ONNX only (bf16 and int8-openvino recorded where this CPU runs them: `bf16_runs_here`, `int8_openvino_runs_here`)."""
     from service_fixtures import _artifact
 
     from export.build import ExportOptions, export_artifact
@@ -413,7 +450,9 @@ def variant_exports(tmp_path_factory):
     outs = {}
     for name, task, seed in (("mlm", "mlm", 0), ("cls", "classification", 1)):
         artifact = _artifact(root / f"art-{name}", task, seed)
-        options = ExportOptions(buckets=VARIANT_BUCKETS, formats=("onnx",), precisions=("int8", "bf16"))
+        options = ExportOptions(
+            buckets=VARIANT_BUCKETS, formats=("onnx",), precisions=("int8", "bf16", "int8-openvino")
+        )
         export_artifact(artifact, root / f"export-{name}", options)
         outs[name] = root / f"export-{name}"
     return outs
@@ -430,6 +469,7 @@ def test_export_records_each_variants_gate_per_bucket_with_thresholds_and_verdic
         assert manifest.gate.text_sha256 == gate_text_sha256()
         assert manifest.gate.thresholds == GateThresholds()
         expected = {"int8", "bf16"} if bf16_runs_here() else {"int8"}
+        expected |= {"int8-openvino"} if int8_openvino_runs_here() else set()
         assert set(manifest.precisions) == expected, raw["precisions"].keys()
         for precision, variant in manifest.precisions.items():
             assert sorted(variant.gate) == VARIANT_BUCKETS
@@ -889,7 +929,7 @@ def _within_gate(a: np.ndarray, b: np.ndarray, what: str) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("precision", ["int8", "bf16"])
+@pytest.mark.parametrize("precision", ["int8", "bf16", "int8-openvino"])
 def test_reduced_variants_keep_padded_equal_unpadded_and_batched_equal_single_within_the_gate(
     variant_exports, precision, tokenizer
 ):
@@ -897,6 +937,8 @@ def test_reduced_variants_keep_padded_equal_unpadded_and_batched_equal_single_wi
         # Export records a bf16 variant only where OpenVINO really runs bf16 (AVX512_BF16 or AMX): on
         # another CPU there is no bf16 variant to hold to its gate.
         pytest.skip("this CPU has neither AVX512_BF16 nor AMX: export wrote no bf16 variant")
+    if precision == "int8-openvino" and not int8_openvino_runs_here():
+        pytest.skip("this CPU has no VNNI or AMX-INT8: export recorded no int8-openvino variant")
     runtime = _runtime(variant_exports["cls"], precision)
     assert runtime.precision == precision
     sequences = _sequences(tokenizer, 3, seed=0)
@@ -956,6 +998,32 @@ def test_bf16_on_openvino_at_one_bucket_and_int8_on_ort_at_another_are_one_runti
 
     # one copy of the weights for both runtimes: OpenVINO's constants point into the arrays ORT runs on
     assert mixed.of_bucket[128].compiled[128].weights is mixed.of_bucket[512].sessions[512].bigs_shared_weights
+
+
+@pytest.mark.slow
+def test_int8_openvino_at_one_bucket_and_int8_on_ort_at_another_share_the_weights_and_answer_within_the_gate(
+    variant_exports, tokenizer
+):
+    from export.manifest import read_manifest
+    from service.runtimes import PerBucketRuntime, load_runtime
+
+    if not int8_openvino_runs_here():
+        pytest.skip("this CPU has no VNNI or AMX-INT8: export recorded no int8-openvino variant")
+    export_dir = variant_exports["cls"]
+    manifest = read_manifest(export_dir)
+    assert manifest.precisions["int8-openvino"].passed is not None
+    assert set(manifest.latency.ms["int8-openvino"]) == set(VARIANT_BUCKETS)
+    mixed = load_runtime("onnx", export_dir, manifest, precision={128: "int8-openvino", 512: "int8"})
+    assert isinstance(mixed, PerBucketRuntime) and mixed.kind == "openvino+onnx"
+    assert mixed.precisions == {128: "int8-openvino", 512: "int8"}
+    whole = {p: _runtime(export_dir, p) for p in ("int8-openvino", "int8", "fp32")}
+    sequences = _sequences(tokenizer, 3, seed=4)
+    _assert_each_bucket_answers_as_its_whole_model_runtime(mixed, whole, sequences)
+    assert mixed.of_bucket[128].compiled[128].weights is mixed.of_bucket[512].sessions[512].bigs_shared_weights
+    for head in ("classification", "embeddings"):  # int8 products: near fp32's answer, not fp32's answer
+        got, reference = (whole[p].run(head, 128, _batch(sequences, 128)) for p in ("int8-openvino", "fp32"))
+        _within_gate(got, reference, head)
+        assert not np.array_equal(got, reference)
 
 
 @pytest.mark.slow
@@ -1436,6 +1504,7 @@ def test_when_no_try_passes_the_search_says_so_and_auto_never_serves_the_variant
             measured.failures = impossible.failures(measured)
         variant.passed, variant.search = False, search
         manifest.precisions.pop("bf16", None)
+        manifest.precisions.pop("int8-openvino", None)
 
     tampered = read_manifest(_tampered_copy(export_dir, tmp_path, failed))
     for flags in (ZEN4, SKYLAKE, SAPPHIRE_RAPIDS):

@@ -169,12 +169,12 @@ class ArtifactModel:
 
 
 class ExportModel:
-    """An export dir through the service's runtime (ONNX Runtime, or OpenVINO for bf16), per bucket."""
+    """An export dir through the service's runtime (ONNX Runtime, or OpenVINO for bf16 and int8-openvino), per bucket."""
 
     kind = "export"
 
     def __init__(self, path: Path, precision: str = "fp32"):
-        """`precision`: fp32, int8 or bf16 at every bucket, or "auto": per bucket what `bigs serve`'s precision
+        """`precision`: fp32, int8, bf16 or int8-openvino at every bucket, or "auto": per bucket what `bigs serve`'s precision
         auto serves on this CPU (service/cpu_features.py), so the figures are those of the served variant."""
         from export.manifest import read_manifest
         from service.cpu_features import precision_for_model
@@ -556,8 +556,10 @@ def decide_refusal(report: Report, artifact_dir: Path, precision: str, limit: fl
     had is taken back with the refusal, since that many products in fp32 no longer keep it within."""
     from export.manifest import Int8Floor, RefusedPrecision, read_refusals, write_int8_floor, write_refusals
 
-    if precision not in ("int8", "bf16"):
-        raise ValueError(f"--refuse-beyond judges one reduced precision (--precision int8 or bf16), not {precision}")
+    if precision not in ("int8", "bf16", "int8-openvino"):
+        raise ValueError(
+            f"--refuse-beyond judges one reduced precision (--precision int8, bf16 or int8-openvino), not {precision}"
+        )
     card = artifact_dir / EVALUATION
     if not card.is_file():
         raise FileNotFoundError(f"{card} not found: score the artifact first (bigs eval {artifact_dir} --json {card})")

@@ -3,8 +3,9 @@
 - onnx      ONNX Runtime over the export dir's per-bucket graphs (default; CPU, or CUDA when the
             CUDA provider is installed), weights mapped once and shared by every bucket; fp32, or
             the int8 graphs at precision int8.
-- openvino  OpenVINO over the same fp32 graphs at bf16: what the onnx runtime becomes at precision
-            bf16 (`load_runtime` picks it; service/cpu_features.py decides the precision).
+- openvino  OpenVINO over the same fp32 graphs at bf16, or with their products' constants int8
+            (int8-openvino): what the onnx runtime becomes at those precisions (`load_runtime` picks
+            it; service/cpu_features.py decides the precision).
 
 Precision `auto` decides per bucket (service/cpu_features.py), so one model may be served int8 at
 some buckets and fp32 at others (one ORT runtime, sessions of either graph over the one weights
@@ -29,13 +30,13 @@ import numpy as np
 
 from export.manifest import Manifest
 
-from ..cpu_features import summary_precision
+from ..cpu_features import ON_OPENVINO, summary_precision
 
 
 class Runtime(Protocol):
     kind: str
-    precision: str  # "fp32" | "int8" | "bf16", or "mixed" (service/cpu_features.py `summary_precision`)
-    precisions: dict[int, str]  # per bucket: "fp32" | "int8" | "bf16"
+    precision: str  # "fp32", "int8", "bf16", "int8-openvino", or "mixed" (service/cpu_features.py `summary_precision`)
+    precisions: dict[int, str]  # per bucket: "fp32" | "int8" | "bf16" | "int8-openvino"
     heads: list[str]
     buckets: list[int]
 
@@ -56,7 +57,7 @@ def load_runtime(
 ) -> Runtime:
     """The runtime `kind` at `precision`, one for the model or one per bucket (already chosen:
     service/cpu_features.py); reduced precision is a variant of the ONNX graphs, so only `onnx` takes
-    it. bf16 buckets run on OpenVINO, fp32 and int8 buckets on ORT."""
+    it. bf16 and int8-openvino buckets run on OpenVINO, fp32 and int8 buckets on ORT."""
     by_bucket = dict.fromkeys(manifest.buckets, precision) if isinstance(precision, str) else dict(precision)
     if kind != "onnx" and set(by_bucket.values()) - {"fp32"}:
         raise ValueError(f"precision {summary_precision(by_bucket)} needs runtime onnx (runtime {kind} serves fp32)")
@@ -67,12 +68,13 @@ def load_runtime(
         # Read, not mapped: a weights file changed under the server changes nothing (no SIGBUS)
         weights = map_weights(export_dir, manifest, in_memory=True)
         parts: list[Runtime] = []
-        bf16 = [b for b, p in by_bucket.items() if p == "bf16"]
-        if bf16:
-            from .openvino import OpenVinoRuntime
+        for on_openvino in ON_OPENVINO:  # bf16, int8-openvino: a compiled model per bucket, over the same weights
+            at = [b for b, p in by_bucket.items() if p == on_openvino]
+            if at:
+                from .openvino import OpenVinoRuntime
 
-            parts.append(OpenVinoRuntime(export_dir, manifest, "bf16", intra_op_threads, bf16, weights))
-        on_ort = {b: p for b, p in by_bucket.items() if p != "bf16"}
+                parts.append(OpenVinoRuntime(export_dir, manifest, on_openvino, intra_op_threads, at, weights))
+        on_ort = {b: p for b, p in by_bucket.items() if p not in ON_OPENVINO}
         if on_ort:
             from .onnx import OnnxRuntime
 

@@ -1,4 +1,5 @@
-"""OpenVINO: the export dir's fp32 ONNX graphs at bf16 (precision bf16), one compiled model per bucket.
+"""OpenVINO: the export dir's fp32 ONNX graphs at bf16 (precision bf16) or with their products' constants int8
+(precision int8-openvino, export/openvino_runtime.py `int8_weights`), one compiled model per bucket.
 
 Same graphs as the onnx runtime, so the same heads and signatures: one graph per bucket computes
 its head's logits and the embeddings, and the output the head asks for is returned. Weights: given the
