@@ -1000,6 +1000,19 @@ def test_bf16_on_openvino_at_one_bucket_and_int8_on_ort_at_another_are_one_runti
     assert mixed.of_bucket[128].compiled[128].weights is mixed.of_bucket[512].sessions[512].bigs_shared_weights
 
 
+def test_int8_openvino_is_not_measured_on_a_cpu_without_int8_dot_products_and_says_why(exports, monkeypatch):
+    # there OpenVINO would decompress the int8 weights instead of quantizing the activations: a gate measured so
+    # would be of another computation, so export records no int8-openvino and says why (export/gate.py)
+    import export.cpu
+    from export.gate import VariantUnavailable, variant_runner
+    from export.manifest import read_manifest
+
+    monkeypatch.setattr(export.cpu, "has_exact_int8_products", lambda flags=None: False)
+    export_dir = exports["cls"]
+    with pytest.raises(VariantUnavailable, match="no VNNI or AMX-INT8, so OpenVINO would decompress"):
+        variant_runner(export_dir, read_manifest(export_dir), "int8-openvino", [min(read_manifest(export_dir).buckets)])
+
+
 @pytest.mark.slow
 def test_int8_openvino_at_one_bucket_and_int8_on_ort_at_another_share_the_weights_and_answer_within_the_gate(
     variant_exports, tokenizer
