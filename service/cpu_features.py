@@ -312,8 +312,11 @@ def _auto_by_latency(
     def fastest_on_one_copy(bucket: int) -> Precision:  # ONNX Runtime's: fp32 or int8, over the one weights copy
         return min((p for p in candidates(bucket) if p not in ON_OPENVINO), key=lambda p: ms[p][bucket])
 
+    def fastest_on_openvino(bucket: int) -> Precision | None:  # bf16 or int8-openvino, where one passed there
+        return min((p for p in candidates(bucket) if p in ON_OPENVINO), key=lambda p: ms[p][bucket], default=None)
+
     def on_openvino(bucket: int) -> Precision | None:  # the fastest of OpenVINO's there, where it pays
-        fastest = min((p for p in candidates(bucket) if p in ON_OPENVINO), key=lambda p: ms[p][bucket], default=None)
+        fastest = fastest_on_openvino(bucket)
         if fastest is None or ms[fastest][bucket] * bf16_min_speedup >= ms[fastest_on_one_copy(bucket)][bucket]:
             return None
         return fastest
@@ -336,9 +339,7 @@ def _auto_by_latency(
             why = [f"fastest measured on this CPU, by {bf16_min_speedup:g}x or more ({'; '.join(figures)})"]
         else:
             passed_over = {  # OpenVINO measured faster here, not by enough to pay for its memory
-                b: min((p for p in candidates(b) if p in ON_OPENVINO), key=lambda p: ms[p][b])
-                for b in at
-                if any(p in ON_OPENVINO and ms[p][b] < ms[precision][b] for p in candidates(b))
+                b: faster for b in at if (faster := fastest_on_openvino(b)) and ms[faster][b] < ms[precision][b]
             }
             if passed_over:
                 gains = ", ".join(f"{ms[precision][b] / ms[p][b]:.2f}x at {b}" for b, p in passed_over.items())

@@ -983,21 +983,27 @@ def test_int8_at_one_bucket_and_fp32_at_another_run_each_buckets_own_graph_over_
 def test_bf16_on_openvino_at_one_bucket_and_int8_on_ort_at_another_are_one_runtime_sending_each_bucket_to_its_own(
     variant_exports, tokenizer
 ):
+    if not bf16_runs_here():
+        pytest.skip("this CPU has neither AVX512_BF16 nor AMX: export wrote no bf16 variant")
+    _openvino_at_128_and_int8_at_512_are_one_runtime(variant_exports["cls"], "bf16", tokenizer, seed=2)
+
+
+def _openvino_at_128_and_int8_at_512_are_one_runtime(export_dir, on_openvino: str, tokenizer, seed: int):
+    """A model served `on_openvino` (bf16, int8-openvino) at 128 and int8 on ORT at 512: one runtime sending each
+    bucket to its own, each answering exactly as that precision's runtime for the whole model, over one copy of
+    the weights (OpenVINO's constants point into the arrays ORT runs on). Returns the sequences it sent."""
     from export.manifest import read_manifest
     from service.runtimes import PerBucketRuntime, load_runtime
 
-    if not bf16_runs_here():
-        pytest.skip("this CPU has neither AVX512_BF16 nor AMX: export wrote no bf16 variant")
-    export_dir = variant_exports["cls"]
-    mixed = load_runtime("onnx", export_dir, read_manifest(export_dir), precision={128: "bf16", 512: "int8"})
+    by_bucket = {128: on_openvino, 512: "int8"}
+    mixed = load_runtime("onnx", export_dir, read_manifest(export_dir), precision=by_bucket)
     assert isinstance(mixed, PerBucketRuntime) and mixed.kind == "openvino+onnx"
-    assert (mixed.precision, mixed.precisions, mixed.buckets) == ("mixed", {128: "bf16", 512: "int8"}, [128, 512])
-    whole = {p: _runtime(export_dir, p) for p in ("bf16", "int8")}
-    sequences = _sequences(tokenizer, 3, seed=2)
+    assert (mixed.precision, mixed.precisions, mixed.buckets) == ("mixed", by_bucket, [128, 512])
+    whole = {p: _runtime(export_dir, p) for p in (on_openvino, "int8")}
+    sequences = _sequences(tokenizer, 3, seed=seed)
     _assert_each_bucket_answers_as_its_whole_model_runtime(mixed, whole, sequences)
-
-    # one copy of the weights for both runtimes: OpenVINO's constants point into the arrays ORT runs on
     assert mixed.of_bucket[128].compiled[128].weights is mixed.of_bucket[512].sessions[512].bigs_shared_weights
+    return sequences
 
 
 def test_int8_openvino_is_not_measured_on_a_cpu_without_int8_dot_products_and_says_why(exports, monkeypatch):
@@ -1018,7 +1024,6 @@ def test_int8_openvino_at_one_bucket_and_int8_on_ort_at_another_share_the_weight
     variant_exports, tokenizer
 ):
     from export.manifest import read_manifest
-    from service.runtimes import PerBucketRuntime, load_runtime
 
     if not int8_openvino_runs_here():
         pytest.skip("this CPU has no VNNI or AMX-INT8: export recorded no int8-openvino variant")
@@ -1026,13 +1031,8 @@ def test_int8_openvino_at_one_bucket_and_int8_on_ort_at_another_share_the_weight
     manifest = read_manifest(export_dir)
     assert manifest.precisions["int8-openvino"].passed is not None
     assert set(manifest.latency.ms["int8-openvino"]) == set(VARIANT_BUCKETS)
-    mixed = load_runtime("onnx", export_dir, manifest, precision={128: "int8-openvino", 512: "int8"})
-    assert isinstance(mixed, PerBucketRuntime) and mixed.kind == "openvino+onnx"
-    assert mixed.precisions == {128: "int8-openvino", 512: "int8"}
-    whole = {p: _runtime(export_dir, p) for p in ("int8-openvino", "int8", "fp32")}
-    sequences = _sequences(tokenizer, 3, seed=4)
-    _assert_each_bucket_answers_as_its_whole_model_runtime(mixed, whole, sequences)
-    assert mixed.of_bucket[128].compiled[128].weights is mixed.of_bucket[512].sessions[512].bigs_shared_weights
+    sequences = _openvino_at_128_and_int8_at_512_are_one_runtime(export_dir, "int8-openvino", tokenizer, seed=4)
+    whole = {p: _runtime(export_dir, p) for p in ("int8-openvino", "fp32")}
     for head in ("classification", "embeddings"):  # int8 products: near fp32's answer, not fp32's answer
         got, reference = (whole[p].run(head, 128, _batch(sequences, 128)) for p in ("int8-openvino", "fp32"))
         _within_gate(got, reference, head)
