@@ -26,6 +26,7 @@ the runs that happen at once (0.7 GB for the same two models; bench/memory.py me
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -39,9 +40,18 @@ from .manifest import Manifest, read_manifest
 class MappedWeights:
     """The weights file, mapped (or read into memory) once, and one OrtValue per tensor over it."""
 
-    mapping: np.ndarray  # np.memmap, or the file's bytes in private memory (in_memory)
+    mapping: (
+        np.ndarray | None
+    )  # np.memmap, or the file's bytes in private memory (in_memory); None: a buffer per tensor
     values: dict[str, ort.OrtValue]
     arrays: dict[str, np.ndarray]  # the numpy views the OrtValues wrap (kept alive with them)
+
+    def drop(self, names: Iterable[str]) -> None:
+        """Let go of tensors no graph still loaded reads (their memory is freed where each has a buffer of its own,
+        `map_weights` with `names`): int8-openvino's products, once made int8 (service/runtimes `load_runtime`)."""
+        for name in names:
+            self.values.pop(name, None)
+            self.arrays.pop(name, None)
 
 
 def onnx_section(export_dir: str | Path, manifest: Manifest):
@@ -50,22 +60,57 @@ def onnx_section(export_dir: str | Path, manifest: Manifest):
     return manifest.onnx
 
 
-def map_weights(export_dir: str | Path, manifest: Manifest | None = None, in_memory: bool = False) -> MappedWeights:
+def map_weights(
+    export_dir: str | Path,
+    manifest: Manifest | None = None,
+    in_memory: bool = False,
+    names: Iterable[str] | None = None,
+) -> MappedWeights:
     """Memory-map `onnx/weights.bin` (or, `in_memory`, read it into private memory) and wrap each
-    tensor of the manifest's table in an OrtValue."""
+    tensor of the manifest's table in an OrtValue. `names`: only those tensors (the graphs a server
+    loads, `graph_weights`), the rest neither read nor wrapped; None: every tensor."""
     export_dir = Path(export_dir)
     section = onnx_section(export_dir, manifest or read_manifest(export_dir))
     path = export_dir / section.weights_file
-    # in memory: one read, nothing refers to the file afterwards; else copy-on-write: pages stay
-    # shared with the page cache (and other processes) unless written
-    mapping = np.fromfile(path, dtype=np.uint8) if in_memory else np.memmap(path, dtype=np.uint8, mode="c")
+    table = section.weights if names is None else {name: section.weights[name] for name in sorted(set(names))}
+    if in_memory and names is not None:
+        mapping, buffers = None, _read_tensors(path, table)
+    else:
+        # in memory: one read, nothing refers to the file afterwards; else copy-on-write: pages stay
+        # shared with the page cache (and other processes) unless written
+        mapping = np.fromfile(path, dtype=np.uint8) if in_memory else np.memmap(path, dtype=np.uint8, mode="c")
+        buffers = {name: mapping[t.offset : t.offset + t.length] for name, t in table.items()}
     arrays, values = {}, {}
-    for name, t in section.weights.items():
-        dtype = np.dtype(t.dtype)
-        array = np.frombuffer(mapping, dtype=dtype, count=t.length // dtype.itemsize, offset=t.offset)
-        arrays[name] = array.reshape(t.shape)
+    for name, t in table.items():
+        arrays[name] = buffers[name].view(np.dtype(t.dtype)).reshape(t.shape)
         values[name] = ort.OrtValue.ortvalue_from_numpy(arrays[name])
     return MappedWeights(mapping, values, arrays)
+
+
+# Where `_read_tensors` places each tensor: at an address that is a multiple of this (a cache line, the alignment
+# the weights file itself keeps), so every tensor is aligned as its kernels expect
+_ALIGNMENT = 64
+
+
+def _read_tensors(path: Path, table: dict) -> dict[str, np.ndarray]:
+    """The bytes of each tensor of `table` read from the weights file `path` into a buffer of its own, aligned:
+    one buffer per tensor, so that a tensor the server stops needing can be let go (`MappedWeights.drop`)."""
+    buffers = {}
+    with open(path, "rb") as file:
+        for name, t in table.items():
+            raw = np.empty(t.length + _ALIGNMENT, dtype=np.uint8)
+            start = -raw.ctypes.data % _ALIGNMENT
+            buffers[name] = raw[start : start + t.length]
+            file.seek(t.offset)
+            if file.readinto(memoryview(buffers[name])) != t.length:
+                raise ValueError(f"{path} ends inside tensor {name!r}: the file is not the one the manifest describes")
+    return buffers
+
+
+def graph_weights(manifest: Manifest, graphs: Iterable[tuple[int, str]]) -> set[str]:
+    """The weights the graphs (bucket, variant) of `manifest` read from the shared file: what a server that
+    loads only those graphs needs in memory (fp32 graphs served int8 need none of their fp32 products)."""
+    return {name for bucket, variant in graphs for name in manifest.onnx.graph(bucket, variant).shared_initializers}
 
 
 _PROCESS_ARENA_REGISTERED = False

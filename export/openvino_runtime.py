@@ -67,6 +67,7 @@ class CompiledBucket:
     input_names: list[str]
     output_names: list[str]
     weights: object = None  # what the graph's shared constants point into, kept alive with it (`share_weights`)
+    int8_shared: object = None  # likewise for its int8 constants (`SharedInt8Weights`)
     _local: threading.local = field(default_factory=threading.local)
 
     def run(self, feeds: dict[str, np.ndarray], outputs: list[str] | None = None) -> dict[str, np.ndarray]:
@@ -154,7 +155,30 @@ def symmetric_int8(weight: np.ndarray, axis: int) -> tuple[np.ndarray, np.ndarra
     return values, scale
 
 
-def int8_weights(model) -> int:
+@dataclass
+class SharedInt8Weights:
+    """The int8 values and scales of a model's shared weights, made once and used by every bucket compiled at
+    int8-openvino: each bucket's graph reads the same weights, so quantizing them per bucket would hold one int8
+    copy of each per bucket (bigs-mini: 65 MB over its six buckets). Only constants named in `names` (the export's
+    weights file, where one name is one content in every graph) are kept: any other may differ between graphs."""
+
+    names: frozenset[str]
+    by_weight: dict[tuple[str, int, tuple[int, ...]], tuple[np.ndarray, np.ndarray]] = field(default_factory=dict)
+
+    def made_int8(self) -> set[str]:
+        """The shared weights made int8 so far: the buckets compiled over them no longer read them in fp32."""
+        return {name for name, _, _ in self.by_weight}
+
+    def quantized(self, name: str, weight: np.ndarray, axis: int) -> tuple[np.ndarray, np.ndarray]:
+        if name not in self.names:
+            return symmetric_int8(weight, axis)
+        key = (name, axis, weight.shape)
+        if key not in self.by_weight:
+            self.by_weight[key] = symmetric_int8(weight, axis)
+        return self.by_weight[key]
+
+
+def int8_weights(model, shared: SharedInt8Weights | None = None) -> int:
     """Every constant operand of `model`'s MatMuls (an `openvino.Model`: the weight products' weights, and the
     SSM convolutions' constants on the left) replaced by int8 values times a per-output-channel scale
     (`symmetric_int8`), the pattern of NNCF's weight compression (`compress_weights`, INT8_SYM), which
@@ -163,10 +187,12 @@ def int8_weights(model) -> int:
     `dynamic_quantization_group`), so the products run on int8 units with no calibration and no range shared
     across tokens; elsewhere it decompresses them. Done here rather than by NNCF, whose install brings scipy and
     scikit-learn: the formula is the three lines above, and the scales stay fp32 where NNCF stores fp16 (the
-    SSM's carry constants reach 1e-30, below fp16's range). Returns how many constants were replaced."""
+    SSM's carry constants reach 1e-30, below fp16's range). `shared`: the model's int8 weights already made
+    for its other buckets, whose arrays the new constants then point into. Returns how many constants were replaced."""
     import openvino as ov
     import openvino.opset13 as ops
 
+    shared = shared or SharedInt8Weights(frozenset())
     replaced = 0
     for node in list(model.get_ops()):
         if node.get_type_name() != "MatMul":
@@ -182,8 +208,13 @@ def int8_weights(model) -> int:
             # the axis the product sums over: rows of the right operand, columns of the left, unless transposed
             transposed = transpose["transpose_b" if port == 1 else "transpose_a"]
             axis = (-2 if port == 1 else -1) if not transposed else (-1 if port == 1 else -2)
-            values, scale = symmetric_int8(weight, axis)
-            weight_f32 = ops.multiply(ops.convert(ops.constant(values), ov.Type.f32), ops.constant(scale))
+            name = constant.get_friendly_name()
+            values, scale = shared.quantized(name, weight, axis)
+            # a shared weight's constants over `shared`'s arrays (no copy per bucket), which the compiled model keeps
+            # alive (`CompiledBucket`); any other's, a copy of their own
+            over = name in shared.names
+            int8, scale = ov.op.Constant(values, shared_memory=over), ov.op.Constant(scale, shared_memory=over)
+            weight_f32 = ops.multiply(ops.convert(int8, ov.Type.f32), scale)
             node.input(port).replace_source_output(weight_f32.output(0))
             replaced += 1
     return replaced
@@ -196,13 +227,15 @@ def compile_graph(
     core=None,
     weights=None,
     dynamic_quantization_group: int | None = None,
+    int8_shared: SharedInt8Weights | None = None,
 ) -> CompiledBucket:
     """One ONNX graph file compiled by OpenVINO's CPU plugin at `precision` (`compile_config`); its
     inputs and outputs are named as in the graph. `core`: an `openvino.Core` to reuse across calls.
     `weights`: the export's weights already in memory (export/onnx_runtime.py `MappedWeights`), which
     the graph's constants then point into (`share_weights`) instead of holding a copy of their own.
     At int8-openvino its products' constants are made int8 first (`int8_weights`), their activations quantized
-    at run time in groups of `dynamic_quantization_group` (VNNI and AMX CPUs; `compile_config`)."""
+    at run time in groups of `dynamic_quantization_group` (VNNI and AMX CPUs; `compile_config`); `int8_shared`:
+    the int8 weights of the model's buckets compiled before (`SharedInt8Weights`)."""
     import openvino as ov
 
     core = core or ov.Core()
@@ -210,13 +243,14 @@ def compile_graph(
     if weights is not None:
         share_weights(model, weights.arrays)
     if precision == "int8-openvino":
-        int8_weights(model)
+        int8_weights(model, int8_shared)
     compiled = core.compile_model(model, "CPU", compile_config(precision, threads, dynamic_quantization_group))
     return CompiledBucket(
         compiled,
         [port.get_any_name() for port in compiled.inputs],
         [port.get_any_name() for port in compiled.outputs],
         weights,
+        int8_shared if precision == "int8-openvino" else None,
     )
 
 
@@ -237,8 +271,17 @@ def load_compiled(
     if manifest.onnx is None:
         raise ValueError(f"{export_dir} has no ONNX graphs (export with --formats onnx)")
     core = ov.Core()
+    # int8-openvino: each weight of the shared file made int8 once for every bucket
+    int8_shared = SharedInt8Weights(frozenset(manifest.onnx.weights))
     return {
-        bucket: compile_graph(export_dir / manifest.onnx.graph(bucket, "fp32").file, precision, threads, core, weights)
+        bucket: compile_graph(
+            export_dir / manifest.onnx.graph(bucket, "fp32").file,
+            precision,
+            threads,
+            core,
+            weights,
+            int8_shared=int8_shared,
+        )
         for bucket in sorted(manifest.onnx.buckets)
         if buckets is None or bucket in buckets
     }

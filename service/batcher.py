@@ -31,7 +31,7 @@ from export.heads import MASK_POSITIONS, placeholder_inputs, signature
 
 from .buckets import batch_sizes, pad_positions, pad_to_bucket
 from .metrics import ServiceMetrics
-from .runtimes import Runtime
+from .runtimes import Runtime, release_memory
 from .settings import ServiceSettings
 from .tokenization import Encoded
 
@@ -162,6 +162,7 @@ class ModelBatcher:
                 runtime.run(head, bucket, placeholder_inputs(head, batch, bucket))
             if done is not None:
                 done(bucket, len(these))
+        release_memory(runtime)  # warm-up's buffers, where a runtime keeps them per model (OpenVINO's)
 
     # -- the queue ------------------------------------------------------------------------
 

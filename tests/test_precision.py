@@ -1074,6 +1074,68 @@ def test_openvino_over_the_weights_ort_holds_swaps_every_weight_and_answers_exac
                 np.testing.assert_array_equal(got[output], want[output], err_msg=f"{name} {precision} {output}")
 
 
+@pytest.mark.slow
+def test_a_model_served_int8_holds_only_its_int8_graphs_weights_and_answers_as_over_the_whole_file(
+    variant_exports, tokenizer
+):
+    """Served int8 at every bucket, a model reads none of the fp32 weights only its fp32 graphs use (its products'
+    fp32 weights, a third to a half of the file for the defaults), and answers bit for bit as over the whole file."""
+    from export.manifest import read_manifest
+    from export.onnx_runtime import graph_weights, load_sessions, map_weights
+
+    export_dir = variant_exports["cls"]
+    manifest = read_manifest(export_dir)
+    runtime = _runtime(export_dir, "int8")
+    held = runtime.sessions[128].bigs_shared_weights
+    int8_graphs = graph_weights(manifest, [(b, "int8") for b in manifest.buckets])
+    assert set(held.arrays) == set(held.values) == int8_graphs
+    fp32_only = graph_weights(manifest, [(b, "fp32") for b in manifest.buckets]) - int8_graphs
+    assert fp32_only and not fp32_only & set(held.arrays)  # the fp32 products' weights: not read
+    whole = load_sessions(export_dir, variant="int8", shared=map_weights(export_dir, manifest, in_memory=True))
+    sequences = _sequences(tokenizer, 3, seed=5)
+    for bucket, session in whole.items():
+        (want,) = session.run(["embeddings"], _batch(sequences, bucket))
+        np.testing.assert_array_equal(runtime.run("embeddings", bucket, _batch(sequences, bucket)), want)
+
+
+@pytest.mark.slow
+def test_int8_openvino_buckets_share_one_int8_copy_of_each_weight_let_its_fp32_go_and_answer_as_from_the_file(
+    variant_exports, tokenizer
+):
+    """At int8-openvino every bucket's products read one int8 copy of each weight (made once, not per bucket), the
+    fp32 weights it was made from are let go where no other graph of the model reads them, and each bucket answers
+    bit for bit as its graph compiled from the file on its own; after warm-up's buffers are given back too."""
+    from export.manifest import read_manifest
+    from export.onnx_runtime import graph_weights
+    from export.openvino_runtime import load_compiled
+    from service.runtimes import release_memory
+
+    if not int8_openvino_runs_here():
+        pytest.skip("this CPU has no VNNI or AMX-INT8: export recorded no int8-openvino variant")
+    export_dir = variant_exports["cls"]
+    manifest = read_manifest(export_dir)
+    runtime = _runtime(export_dir, "int8-openvino")
+    first, second = (runtime.compiled[b] for b in VARIANT_BUCKETS[:2])
+    assert first.int8_shared is second.int8_shared and first.weights is second.weights
+    made_int8 = runtime.weights_made_int8()
+    assert made_int8 and not made_int8 & set(first.weights.arrays)  # each made int8 once; its fp32 gone
+    sequences = _sequences(tokenizer, 3, seed=6)
+    feeds = {b: _batch(sequences, b) | {"mask_positions": np.array([[1], [2], [3]])} for b in VARIANT_BUCKETS}
+    answers = {b: runtime.compiled[b].run(feeds[b]) for b in VARIANT_BUCKETS}
+    release_memory(runtime)  # what warm-up ends with
+    for bucket in VARIANT_BUCKETS:
+        own = load_compiled(export_dir, "int8-openvino", buckets=[bucket], manifest=manifest)[bucket]
+        want, again = own.run(feeds[bucket]), runtime.compiled[bucket].run(feeds[bucket])
+        for output in own.output_names:
+            np.testing.assert_array_equal(answers[bucket][output], want[output], err_msg=f"{bucket} {output}")
+            np.testing.assert_array_equal(again[output], want[output], err_msg=f"{bucket} {output} after release")
+    # beside int8 on ORT, a weight made int8 that the int8 graph reads in fp32 stays
+    mixed = _runtime(export_dir, {128: "int8-openvino", 512: "int8", 1024: "int8"})
+    held = set(mixed.of_bucket[512].sessions[512].bigs_shared_weights.arrays)
+    int8_graphs = graph_weights(manifest, [(512, "int8"), (1024, "int8")])
+    assert int8_graphs <= held and not (mixed.of_bucket[128].weights_made_int8() - int8_graphs) & held
+
+
 # -- through the real service ---------------------------------------------------------------------
 
 

@@ -62,11 +62,14 @@ def load_runtime(
     if kind != "onnx" and set(by_bucket.values()) - {"fp32"}:
         raise ValueError(f"precision {summary_precision(by_bucket)} needs runtime onnx (runtime {kind} serves fp32)")
     if kind == "onnx":
-        from export.onnx_runtime import map_weights
+        from export.onnx_runtime import graph_weights, map_weights
 
         # the weights, read once: ORT's sessions and OpenVINO's compiled buckets all run over this copy.
-        # Read, not mapped: a weights file changed under the server changes nothing (no SIGBUS)
-        weights = map_weights(export_dir, manifest, in_memory=True)
+        # Read, not mapped: a weights file changed under the server changes nothing (no SIGBUS). Only the
+        # tensors of the graphs loaded: served int8, a model holds none of its products' fp32 weights
+        weights = map_weights(
+            export_dir, manifest, in_memory=True, names=graph_weights(manifest, served_graphs(by_bucket))
+        )
         parts: list[Runtime] = []
         for on_openvino in ON_OPENVINO:  # bf16, int8-openvino: a compiled model per bucket, over the same weights
             at = [b for b, p in by_bucket.items() if p == on_openvino]
@@ -74,6 +77,11 @@ def load_runtime(
                 from .openvino import OpenVinoRuntime
 
                 parts.append(OpenVinoRuntime(export_dir, manifest, on_openvino, intra_op_threads, at, weights))
+                if (
+                    on_openvino == "int8-openvino"
+                ):  # its products now int8: their fp32 weights go, unless read elsewhere
+                    others = {b: p for b, p in by_bucket.items() if p != "int8-openvino"}
+                    weights.drop(parts[-1].weights_made_int8() - graph_weights(manifest, served_graphs(others)))
         on_ort = {b: p for b, p in by_bucket.items() if p not in ON_OPENVINO}
         if on_ort:
             from .onnx import OnnxRuntime
@@ -93,6 +101,12 @@ def load_runtime(
     raise ValueError(f"unknown runtime {kind!r}: onnx, stablehlo or torch")
 
 
+def served_graphs(by_bucket: dict[int, str]) -> list[tuple[int, str]]:
+    """(bucket, graph variant) of each bucket served at its precision: ORT runs the int8 graph for int8 and the
+    fp32 graph otherwise; OpenVINO compiles the fp32 graph for each of its precisions."""
+    return [(bucket, "int8" if precision == "int8" else "fp32") for bucket, precision in by_bucket.items()]
+
+
 class PerBucketRuntime:
     """One model whose buckets are split between runtimes (bf16 on OpenVINO, the rest on ORT): each
     call goes to the runtime that holds its bucket. Built by `load_runtime` only for such a mix."""
@@ -107,3 +121,17 @@ class PerBucketRuntime:
 
     def run(self, head: str, bucket: int, inputs: dict[str, np.ndarray]) -> np.ndarray:
         return self.of_bucket[bucket].run(head, bucket, inputs)
+
+    def release_memory(self) -> None:
+        """Each part's idle buffers given back, where it keeps them per model (OpenVINO's; `release_memory`)."""
+        for part in {id(part): part for part in self.of_bucket.values()}.values():
+            release_memory(part)
+
+
+def release_memory(runtime: Runtime) -> None:
+    """After warm-up: a runtime that keeps per-model buffers sized by its largest run (OpenVINO's compiled
+    buckets) gives them back until requests need them; the others hold nothing of the kind (ORT's buffers come
+    from the process's one arena) and do nothing."""
+    release = getattr(runtime, "release_memory", None)
+    if release is not None:
+        release()

@@ -13,7 +13,7 @@ import onnxruntime as ort
 
 from export.heads import MASK_POSITIONS, signature
 from export.manifest import Manifest
-from export.onnx_runtime import MappedWeights, load_sessions, map_weights
+from export.onnx_runtime import MappedWeights, graph_weights, load_sessions, map_weights
 
 from ..cpu_features import summary_precision
 
@@ -41,7 +41,9 @@ class OnnxRuntime:
         if isinstance(precision, str):
             precision = dict.fromkeys(manifest.buckets, precision)
         # a weights file changed under the server changes nothing (no SIGBUS): read, not mapped
-        shared = weights or map_weights(export_dir, manifest, in_memory=True)
+        shared = weights or map_weights(
+            export_dir, manifest, in_memory=True, names=graph_weights(manifest, precision.items())
+        )
         self.sessions = {}
         for variant in sorted(set(precision.values())):
             self.sessions |= load_sessions(  # one graph per bucket serves every head: outputs chosen per call
