@@ -46,7 +46,13 @@ def measure(export_dir: str, policy: str, precision: str) -> dict:
     settings = ServiceSettings(precision=precision, warmup_batches="all" if policy == "none" else policy)
     started = time.perf_counter()
     manifest = read_manifest(export_dir)
-    choice = precision_for_model(settings.precision, settings.runtime, manifest, settings.auto_bf16_min_speedup)
+    choice = precision_for_model(
+        settings.precision,
+        settings.runtime,
+        manifest,
+        settings.auto_bf16_min_speedup,
+        settings.auto_openvino_top_buckets,
+    )
     runtime = load_runtime(
         settings.runtime, export_dir, manifest, settings.intra_op_threads, settings.ort_spin_wait,
         settings.ort_shared_arena, choice.by_bucket,

@@ -6,8 +6,8 @@
 # current (it records the sha256 of the artifact files it was computed from), else at once on torch
 # from the artifact itself while the export is written in the background, one model at a time, at the
 # lowest CPU priority (ONNX per length bucket, checked against torch, with the int8 variant, and bf16
-# where OpenVINO runs it, each with its accuracy gate and latency on this CPU: what `bigs export`
-# writes by default, less StableHLO, which only `--runtime stablehlo` serves); each model switches to
+# where OpenVINO runs it, and int8 on OpenVINO where the CPU has int8 dot products, each with its
+# accuracy gate and latency on this CPU: what `bigs export` writes by default, less StableHLO, which only `--runtime stablehlo` serves); each model switches to
 # its export when it is done (service/preparation.py), and the next start serves the exports at once.
 # precision auto then serves, per bucket, the fastest variant measured here that passed its gate.
 # Environment variables BIGS_* (service/settings.py) still apply.

@@ -24,13 +24,18 @@ kernels exist but emulate, and are no faster than fp32 or slower):
 On the CPU the export timed the variants on (the same model name and flags), `auto` serves per
 bucket the fastest of fp32 and the variants that passed there, by those figures: they are this
 model's on this CPU. Memory counts too: fp32 and int8 run on ONNX Runtime over the one copy of the
-model's weights, while bf16 runs on OpenVINO, whose every compiled bucket adds its products' weights
-repacked and buffers of its own (+30 to +70 MB a bucket for a d = 256 model; five defaults served
-bf16 where it measured faster held 1.5 GB against 0.8 GB at int8). So bf16 is taken at a bucket only
-where it is `bf16_min_speedup` times faster than the ONNX Runtime choice there (`BF16_MIN_SPEEDUP`,
-1.5x: below that the gain is within the record's own spread, up to 1.3x between five defaults of one
-shape timed on one machine, and does not pay for the memory); the setting
-`auto_bf16_min_speedup` = 1 takes the fastest whatever its memory. Elsewhere (another CPU, or a dir without the figures) it goes by the flags:
+model's weights, while bf16 and int8-openvino run on OpenVINO, whose every compiled bucket adds its products'
+weights repacked and memory of its own (~20-40 MB a bucket for a d = 256 model once warm-up's buffers are given
+back; before that work, five defaults served bf16 where it measured faster held 1.5 GB against 0.8 GB at int8).
+So OpenVINO is taken at a bucket where it is `bf16_min_speedup` times faster than the ONNX Runtime choice there
+(`BF16_MIN_SPEEDUP`, 1.5x: below that the gain is within the record's own spread, up to 1.3x between five
+defaults of one shape timed on one machine, and does not pay for the memory), and besides at the
+`openvino_top_buckets` (`OPENVINO_TOP_BUCKETS`, 1) where it saves the most milliseconds a call, if 1.1x faster
+there (`OPENVINO_TOP_MIN_SPEEDUP`): a bucket costs about the same memory at any length, while the time it saves
+grows with the length, so that bucket is in practice the longest, 4,096 tokens, the service's longest wait (on a
+VNNI EPYC OpenVINO's int8 ran 1.16-1.47x ORT's int8 there; the five defaults, each with it at 4,096, are
+estimated to hold ~0.8 GB ready). The setting `auto_bf16_min_speedup` = 1 takes the fastest whatever its memory;
+`auto_openvino_top_buckets` = 0 takes OpenVINO only by the first rule. Elsewhere (another CPU, or a dir without the figures) it goes by the flags:
 preference among the precisions a CPU runs fast and whose variants passed, `preference`, from
 measurements of the served variants (docs/DESIGN.md §4.5): on a VNNI CPU without AMX, ORT int8
 beats fp32 at every bucket and OpenVINO bf16 on AVX512_BF16 does not beat int8; on AMX both are
@@ -78,6 +83,14 @@ FLAG_LABELS = {**FLAG_NAMES, "avx2": "AVX2"}  # the reasons' names of the flags 
 # bucket's bf16 must measure for `auto` to serve it on OpenVINO, which holds per bucket a compiled copy
 # of the products' weights and buffers of its own (module docstring)
 BF16_MIN_SPEEDUP = 1.5
+# Besides: the buckets of a model where OpenVINO saves the most milliseconds per call, this many, are served on it
+# wherever it measured at least `OPENVINO_TOP_MIN_SPEEDUP` faster there. A compiled bucket's memory is about the
+# same at every length (~20-40 MB for a d = 256 model, its buffers given back after warm-up) while the time it saves
+# grows with the length: 25-55 ms a call at 4,096 tokens on the VNNI EPYC, where OpenVINO's int8 ran 1.16-1.47x ORT's
+# (its per-token activation scales, bf16 for the rest) and the bucket is the longest wait of the service
+OPENVINO_TOP_BUCKETS = 1
+# The record's own noise: the same graphs timed in two export runs differ by a few percent at long buckets
+OPENVINO_TOP_MIN_SPEEDUP = 1.1
 
 
 def int8_saturates(variant, flags: Iterable[str]) -> bool:
@@ -89,8 +102,8 @@ def int8_saturates(variant, flags: Iterable[str]) -> bool:
 
 def preference(flags: frozenset[str]) -> tuple[Precision, ...]:
     """Reduced precisions in the order `auto` tries them on a CPU with `flags` (fastest first). Not int8-openvino,
-    which `auto` serves only where the export measured it fastest on this CPU (`_auto_by_latency`): a dir has it
-    where its user asked for it (export/build.py `default_precisions`), and no flag says it pays for its memory."""
+    which `auto` serves only where the export measured it fast enough on this CPU to pay for OpenVINO's memory
+    (`_auto_by_latency`): no flag says it does."""
     if "amx_bf16" in flags:
         return ("bf16", "int8")
     return ("int8", "bf16")
@@ -157,6 +170,7 @@ def choose_precision(
     latency: LatencyRecord | None = None,
     cpu: str = "",
     bf16_min_speedup: float = BF16_MIN_SPEEDUP,
+    openvino_top_buckets: int = OPENVINO_TOP_BUCKETS,
 ) -> PrecisionChoice:
     """The precision to serve at each of `buckets`.
 
@@ -165,8 +179,9 @@ def choose_precision(
     model, so a variant that failed at one bucket is refused rather than served in part.
     `auto`, where `latency` (the manifest's) was measured on a CPU described as `cpu` (this one,
     export/cpu.py `cpu_description`): per bucket, the fastest measured of fp32 and the variants the dir
-    has whose gate passed at that bucket, bf16 only where it is `bf16_min_speedup` times faster than
-    the fastest of the others (`_auto_by_latency`). Otherwise, per bucket, the first of
+    has whose gate passed at that bucket, bf16 and int8-openvino (OpenVINO) only where they are `bf16_min_speedup`
+    times faster than the fastest of the others, or at the `openvino_top_buckets` where they save the most time
+    (`_auto_by_latency`). Otherwise, per bucket, the first of
     `preference(flags)` that this CPU runs fast, that the dir has and whose gate passed at that bucket;
     fp32 at a bucket where none does."""
     flags, buckets = frozenset(flags), sorted(buckets)
@@ -195,7 +210,7 @@ def choose_precision(
 
     figures, not_measured = latency_here(latency, cpu, variants, buckets)
     if figures is not None:
-        return _auto_by_latency(flags, variants, buckets, figures, bf16_min_speedup)
+        return _auto_by_latency(flags, variants, buckets, figures, bf16_min_speedup, openvino_top_buckets)
 
     # No figures for this CPU: the order by its flags, which measurements on a few CPUs and models
     # set (module docstring). The candidates auto may use somewhere (fast here, present, passed at some bucket); the others get
@@ -286,12 +301,14 @@ def _auto_by_latency(
     buckets: list[int],
     ms: dict[str, dict[int, float]],
     bf16_min_speedup: float = BF16_MIN_SPEEDUP,
+    openvino_top_buckets: int = OPENVINO_TOP_BUCKETS,
 ) -> PrecisionChoice:
     """`auto` on the CPU the export timed: per bucket, the fastest of fp32 and the variants whose gate
     passed there, by the recorded figures, except that a precision on OpenVINO (bf16, int8-openvino: a second
-    runtime, with memory of its own per bucket) must beat the fastest on ONNX Runtime by `bf16_min_speedup`.
+    runtime, with memory of its own per bucket) must beat the fastest on ONNX Runtime by `bf16_min_speedup`,
+    or by `OPENVINO_TOP_MIN_SPEEDUP` at the `openvino_top_buckets` others where it saves the most milliseconds.
     The CPU's flags only break a tie (`preference`); a variant this CPU "lacks the flags for" is still served
-    where it measured fastest here. int8-openvino is a candidate where the dir has it (asked for at export)."""
+    where it measured fastest here. int8-openvino is a candidate where the dir has it (export writes it on CPUs with VNNI or AMX-INT8)."""
     whole_model: list[str] = []
     usable: list[Precision] = []
     extra = [p for p in REDUCED if p not in preference(flags) and variants.get(p, VariantStatus(False)).present]
@@ -321,22 +338,43 @@ def _auto_by_latency(
             return None
         return fastest
 
-    by_bucket: dict[int, Precision] = {b: on_openvino(b) or fastest_on_one_copy(b) for b in buckets}
+    by_speedup = {b: p for b in buckets if (p := on_openvino(b))}
+
+    def saving(bucket: int) -> float | None:  # ms a call OpenVINO saves there, where beyond the record's noise
+        fastest, one_copy = fastest_on_openvino(bucket), ms[fastest_on_one_copy(bucket)][bucket]
+        if fastest is None or ms[fastest][bucket] * OPENVINO_TOP_MIN_SPEEDUP >= one_copy:
+            return None
+        return one_copy - ms[fastest][bucket]
+
+    saves = {b: saved for b in buckets if b not in by_speedup and (saved := saving(b)) is not None}
+    top = {b: fastest_on_openvino(b) for b in sorted(saves, key=lambda b: -saves[b])[:openvino_top_buckets]}
+    by_bucket: dict[int, Precision] = {b: by_speedup.get(b) or top.get(b) or fastest_on_one_copy(b) for b in buckets}
 
     reasons = list(whole_model)
     for precision in (*usable, "fp32"):
         at = [b for b in buckets if by_bucket[b] == precision]
         if not at:
             continue
-        figures = []
-        for b in at:
-            others = ", ".join(f"{p} {ms[p][b]:.3g} ms" for p in candidates(b) if p != precision)
-            figure = f"{ms[precision][b]:.3g} ms" + (f" vs {others}" if others else "")
-            figures.append(figure if len(at) == 1 else f"at {b}: {figure}")
+
+        def figures(these: list[int], precision: str = precision, at: list[int] = at) -> str:
+            said = []
+            for b in these:
+                others = ", ".join(f"{p} {ms[p][b]:.3g} ms" for p in candidates(b) if p != precision)
+                figure = f"{ms[precision][b]:.3g} ms" + (f" vs {others}" if others else "")
+                said.append(figure if len(at) == 1 else f"at {b}: {figure}")  # the bucket, where the line has more
+            return "; ".join(said)
+
         contested = any(len(candidates(b)) > 1 for b in at)  # else fp32 alone: nothing was faster to take
-        why = [f"fastest measured on this CPU ({'; '.join(figures)})"] if contested else []
+        why = [f"fastest measured on this CPU ({figures(at)})"] if contested else []
         if precision in ON_OPENVINO:
-            why = [f"fastest measured on this CPU, by {bf16_min_speedup:g}x or more ({'; '.join(figures)})"]
+            fast, saving_most = [b for b in at if b in by_speedup], [b for b in at if b in top]
+            why = [f"fastest measured on this CPU, by {bf16_min_speedup:g}x or more ({figures(fast)})"] if fast else []
+            if saving_most:
+                lead = "and" if fast else "fastest measured on this CPU,"
+                why.append(
+                    f"{lead} by {OPENVINO_TOP_MIN_SPEEDUP:g}x or more at {_the_buckets(openvino_top_buckets)} where "
+                    f"OpenVINO saves the most time a call (auto_openvino_top_buckets; {figures(saving_most)})"
+                )
         else:
             passed_over = {  # OpenVINO measured faster here, not by enough to pay for its memory
                 b: faster for b in at if (faster := fastest_on_openvino(b)) and ms[faster][b] < ms[precision][b]
@@ -344,9 +382,15 @@ def _auto_by_latency(
             if passed_over:
                 gains = ", ".join(f"{ms[precision][b] / ms[p][b]:.2f}x at {b}" for b, p in passed_over.items())
                 names = " or ".join(sorted(set(passed_over.values())))
-                why = [f"the fastest on the model's one copy of the weights ({'; '.join(figures)})",
+                top_clause = (
+                    f", and not {_the_buckets(openvino_top_buckets)} where it saves the most time a call "
+                    "(auto_openvino_top_buckets)"
+                    if openvino_top_buckets
+                    else ""
+                )
+                why = [f"the fastest on the model's one copy of the weights ({figures(at)})",
                        f"{names} faster by {gains}, under the {bf16_min_speedup:g}x that pays for OpenVINO's "
-                       "memory per bucket (auto_bf16_min_speedup)"]  # fmt: skip
+                       f"memory per bucket (auto_bf16_min_speedup){top_clause}"]  # fmt: skip
         for other in usable:  # a variant left out at these buckets by its gate, not by its speed
             failed = [(b, variants[other].bucket_failures.get(b) or "not measured") for b in at
                       if not variants[other].passed_at(b)]  # fmt: skip
@@ -354,6 +398,10 @@ def _auto_by_latency(
                 why.append(f"{other} failed its gate " + ", ".join(f"at {b}: {f}" for b, f in failed))
         reasons.append(f"{precision} at {', '.join(map(str, at))}: {'; '.join(why) or 'no faster variant applies'}")
     return PrecisionChoice(by_bucket, reasons)
+
+
+def _the_buckets(count: int) -> str:
+    return "the bucket" if count == 1 else f"the {count} buckets"
 
 
 def fast_flag(precision: Precision, flags: frozenset[str]) -> str | None:
@@ -409,7 +457,11 @@ def _openvino_installed() -> bool:
 
 
 def precision_for_model(
-    setting: PrecisionSetting, runtime: str, manifest, bf16_min_speedup: float = BF16_MIN_SPEEDUP
+    setting: PrecisionSetting,
+    runtime: str,
+    manifest,
+    bf16_min_speedup: float = BF16_MIN_SPEEDUP,
+    openvino_top_buckets: int = OPENVINO_TOP_BUCKETS,
 ) -> PrecisionChoice:
     """The precision each bucket of one served model runs at: reduced precision is a variant of the
     ONNX graphs, so other runtimes serve fp32 (an explicit int8/bf16 with them is an error)."""
@@ -427,4 +479,5 @@ def precision_for_model(
         manifest.latency,
         cpu,
         bf16_min_speedup,
+        openvino_top_buckets,
     )

@@ -132,9 +132,7 @@ class ModelEngine:
         self.tokenizer = RequestTokenizer(self.export_dir / "tokenizer.json", self.max_length)
         kind = runtime or settings.runtime
         if kind == settings.runtime:
-            self.precision_choice = precision_for_model(
-                settings.precision, settings.runtime, manifest, settings.auto_bf16_min_speedup
-            )
+            self.precision_choice = self._choose_precision(manifest)
         else:  # the artifact itself, the reference its export is measured against, until the export is done
             self.precision_choice = PrecisionChoice(dict.fromkeys(manifest.buckets, "fp32"),
                                                     ["the artifact on torch until its export is done"])  # fmt: skip
@@ -176,9 +174,7 @@ class ModelEngine:
         if list(manifest.heads) != self.heads or sorted(manifest.buckets) != self.buckets:
             raise ValueError(f"{export_dir} serves {manifest.heads} at {manifest.buckets}, the model "
                              f"{self.heads} at {self.buckets}")  # fmt: skip
-        choice = precision_for_model(
-            self.settings.precision, self.settings.runtime, manifest, self.settings.auto_bf16_min_speedup
-        )
+        choice = self._choose_precision(manifest)
         runtime = self._load_runtime(self.settings.runtime, Path(export_dir), manifest, choice)
         if self.settings.warmup:
             self.batcher.warm_up(runtime=runtime)
@@ -186,6 +182,11 @@ class ModelEngine:
         # the batcher reads its runtime as each batch is dispatched: one assignment moves every later batch
         self.runtime = self.batcher.runtime = runtime
         return f"{runtime.kind}; {choice.explain()}"
+
+    def _choose_precision(self, manifest: Manifest) -> PrecisionChoice:
+        settings = self.settings
+        return precision_for_model(settings.precision, settings.runtime, manifest, settings.auto_bf16_min_speedup,
+                                   settings.auto_openvino_top_buckets)  # fmt: skip
 
     def _load_runtime(self, kind: str, export_dir: Path, manifest: Manifest, choice: PrecisionChoice) -> Runtime:
         settings = self.settings

@@ -11,7 +11,7 @@ from typing import Annotated, Literal
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
-from .cpu_features import BF16_MIN_SPEEDUP
+from .cpu_features import BF16_MIN_SPEEDUP, OPENVINO_TOP_BUCKETS, OPENVINO_TOP_MIN_SPEEDUP
 
 
 class ServiceSettings(BaseSettings):
@@ -45,9 +45,17 @@ class ServiceSettings(BaseSettings):
         BF16_MIN_SPEEDUP,
         ge=1.0,
         description="precision auto serves a bucket at bf16 or int8-openvino (OpenVINO: a compiled copy of the products' weights and "
-        "buffers of its own per bucket, +30 to +70 MB each for a d = 256 model) only where the export's latency "
+        "memory of its own per bucket, ~20-40 MB each for a d = 256 model) where the export's latency "
         "record timed it this many times faster than the fastest of fp32 and int8 (ONNX Runtime, over the model's "
-        "one copy of the weights); 1: the fastest whatever its memory",
+        "one copy of the weights), or at auto_openvino_top_buckets; 1: the fastest whatever its memory",
+    )
+    auto_openvino_top_buckets: int = Field(
+        OPENVINO_TOP_BUCKETS,
+        ge=0,
+        description="besides, precision auto serves this many buckets of a model on OpenVINO where it saves the most "
+        f"time a call by the latency record, wherever it measured {OPENVINO_TOP_MIN_SPEEDUP:g}x ONNX Runtime's choice "
+        "or faster there (in practice the longest bucket, whose calls take longest); 0: none but by "
+        "auto_bf16_min_speedup",
     )
     host: str = Field("127.0.0.1", description="address to listen on (0.0.0.0: every interface, as in the image)")
     port: int = Field(8000, ge=1, le=65535, description="TCP port to listen on")

@@ -34,6 +34,8 @@ import pytest
 
 from service.cpu_features import (
     BF16_MIN_SPEEDUP,
+    OPENVINO_TOP_BUCKETS,
+    OPENVINO_TOP_MIN_SPEEDUP,
     PrecisionUnavailable,
     VariantStatus,
     choose_precision,
@@ -227,10 +229,11 @@ def test_auto_on_the_cpu_that_was_timed_serves_at_each_bucket_the_fastest_varian
 
 def test_auto_serves_bf16_on_openvino_only_where_it_beats_the_one_weights_copy_by_the_min_speedup():
     # bf16 faster everywhere than int8 and fp32 (ONNX Runtime, one copy of the weights), by 1.25x at 128 and
-    # 512, by 2x at 1024 and 4096: a second runtime's memory per bucket is paid only at the last two
+    # 512, by 2x at 1024 and 4096: a second runtime's memory per bucket is paid only at the last two (this rule
+    # alone: no bucket taken for the time it saves, auto_openvino_top_buckets 0)
     record = timed(fp32=[10, 20, 80, 160], int8=[5, 10, 40, 80], bf16=[4, 8, 20, 40])
     variants = {"int8": PASSED, "bf16": PASSED}
-    choice = choose_precision("auto", ZEN4, variants, BUCKETS, record, THIS_CPU)
+    choice = choose_precision("auto", ZEN4, variants, BUCKETS, record, THIS_CPU, openvino_top_buckets=0)
     assert choice.by_bucket == {128: "int8", 512: "int8", 1024: "bf16", 4096: "bf16"}, choice.explain()
     assert choice.reasons[0] == (
         "int8 at 128, 512: the fastest on the model's one copy of the weights (at 128: 5 ms vs bf16 4 ms, "
@@ -238,11 +241,49 @@ def test_auto_serves_bf16_on_openvino_only_where_it_beats_the_one_weights_copy_b
         "under the 1.5x that pays for OpenVINO's memory per bucket (auto_bf16_min_speedup)"
     )
     # 1: the fastest whatever its memory (bf16 everywhere); a higher bar: none
-    assert choose_precision("auto", ZEN4, variants, BUCKETS, record, THIS_CPU, 1.0).precision == "bf16"
-    assert choose_precision("auto", ZEN4, variants, BUCKETS, record, THIS_CPU, 2.5).precision == "int8"
+    assert choose_precision("auto", ZEN4, variants, BUCKETS, record, THIS_CPU, 1.0, 0).precision == "bf16"
+    assert choose_precision("auto", ZEN4, variants, BUCKETS, record, THIS_CPU, 2.5, 0).precision == "int8"
     # where int8 failed its gate, bf16 is measured against fp32
     choice = choose_precision("auto", ZEN4, {"int8": failing_at(128), "bf16": PASSED}, BUCKETS, record, THIS_CPU)
     assert choice.by_bucket[128] == "bf16"
+
+
+def test_auto_serves_on_openvino_the_bucket_where_it_saves_the_most_time_if_beyond_the_records_noise():
+    # int8-openvino beats int8 by 1.04x at 128, 1.25x at 512 (2 ms a call), 1.21x at 1024 (7 ms) and 1.33x at 4096
+    # (20 ms): under the 1.5x of the first rule everywhere. The bucket where it saves the most, 4096, is served on it
+    record = timed(fp32=[10, 20, 80, 160], int8=[5, 10, 40, 80], **{"int8-openvino": [4.8, 8, 33, 60]})
+    variants = {"int8": PASSED, "int8-openvino": PASSED}
+    choice = choose_precision("auto", ZEN4, variants, BUCKETS, record, THIS_CPU)
+    assert OPENVINO_TOP_BUCKETS == 1 and OPENVINO_TOP_MIN_SPEEDUP == 1.1
+    assert choice.by_bucket == {128: "int8", 512: "int8", 1024: "int8", 4096: "int8-openvino"}, choice.explain()
+    assert choice.reasons == [
+        "not bf16: no bf16 variant",
+        "int8 at 128, 512, 1024: the fastest on the model's one copy of the weights (at 128: 5 ms vs "
+        "int8-openvino 4.8 ms, fp32 10 ms; at 512: 10 ms vs int8-openvino 8 ms, fp32 20 ms; at 1024: 40 ms vs "
+        "int8-openvino 33 ms, fp32 80 ms); int8-openvino faster by 1.04x at 128, 1.25x at 512, 1.21x at 1024, under "
+        "the 1.5x that pays for OpenVINO's memory per bucket (auto_bf16_min_speedup), and not the bucket where it "
+        "saves the most time a call (auto_openvino_top_buckets)",
+        "int8-openvino at 4096: fastest measured on this CPU, by 1.1x or more at the bucket where OpenVINO saves the "
+        "most time a call (auto_openvino_top_buckets; 60 ms vs int8 80 ms, fp32 160 ms)",
+    ]
+    # two buckets: the next that saves the most, 1024 (7 ms, not 512's 2 ms); 128 never, within the record's noise
+    by_two = choose_precision("auto", ZEN4, variants, BUCKETS, record, THIS_CPU, openvino_top_buckets=2)
+    assert [b for b, p in by_two.by_bucket.items() if p == "int8-openvino"] == [1024, 4096]
+    by_all = choose_precision("auto", ZEN4, variants, BUCKETS, record, THIS_CPU, openvino_top_buckets=9)
+    assert by_all.by_bucket[128] == "int8" and by_all.by_bucket[512] == "int8-openvino"
+    # none: the first rule alone
+    assert (
+        choose_precision("auto", ZEN4, variants, BUCKETS, record, THIS_CPU, openvino_top_buckets=0).precision == "int8"
+    )
+    # a bucket taken by the first rule is not one of the top: 4096 at 2x takes it, and the top is 1024
+    faster = timed(fp32=[10, 20, 80, 160], int8=[5, 10, 40, 80], **{"int8-openvino": [4.8, 8, 33, 40]})
+    both = choose_precision("auto", ZEN4, variants, BUCKETS, faster, THIS_CPU)
+    assert [b for b, p in both.by_bucket.items() if p == "int8-openvino"] == [1024, 4096], both.explain()
+    assert both.reasons[2] == (
+        "int8-openvino at 1024, 4096: fastest measured on this CPU, by 1.5x or more (at 4096: 40 ms vs int8 80 ms, "
+        "fp32 160 ms); and by 1.1x or more at the bucket where OpenVINO saves the most time a call "
+        "(auto_openvino_top_buckets; at 1024: 33 ms vs int8 40 ms, fp32 80 ms)"
+    )
 
 
 def test_auto_serves_int8_openvino_where_the_dir_has_it_by_the_same_rule_as_bf16_and_never_by_flags_alone():
@@ -252,7 +293,7 @@ def test_auto_serves_int8_openvino_where_the_dir_has_it_by_the_same_rule_as_bf16
         fp32=[10, 20, 80, 160], int8=[5, 10, 40, 80], bf16=[4, 8, 30, 50], **{"int8-openvino": [4, 8, 20, 40]}
     )
     variants = {"int8": PASSED, "bf16": PASSED, "int8-openvino": PASSED}
-    choice = choose_precision("auto", ZEN4, variants, BUCKETS, record, THIS_CPU)
+    choice = choose_precision("auto", ZEN4, variants, BUCKETS, record, THIS_CPU, openvino_top_buckets=0)
     assert choice.by_bucket == {128: "int8", 512: "int8", 1024: "int8-openvino", 4096: "int8-openvino"}
     assert choice.reasons[0] == (
         "int8 at 128, 512: the fastest on the model's one copy of the weights (at 128: 5 ms vs bf16 4 ms, "
@@ -263,18 +304,23 @@ def test_auto_serves_int8_openvino_where_the_dir_has_it_by_the_same_rule_as_bf16
     assert choice.reasons[1].startswith("int8-openvino at 1024, 4096: fastest measured on this CPU, by 1.5x or more")
     # where its gate failed, bf16 is OpenVINO's candidate there (1.6x int8 at 4096)
     failed = {**variants, "int8-openvino": failing_at(4096)}
-    assert choose_precision("auto", ZEN4, failed, BUCKETS, record, THIS_CPU).by_bucket[4096] == "bf16"
+    assert (
+        choose_precision("auto", ZEN4, failed, BUCKETS, record, THIS_CPU, openvino_top_buckets=0).by_bucket[4096]
+        == "bf16"
+    )
     # no latency record of this CPU: the flags' order, which has no int8-openvino (a dir has it where asked for)
     assert "int8-openvino" not in choose_precision("auto", ZEN4, variants, BUCKETS).by_bucket.values()
     assert "int8-openvino" not in choose_precision("auto", SAPPHIRE_RAPIDS, variants, BUCKETS).by_bucket.values()
     # a dir without it (every dir exported by default): nothing said of it
-    without = choose_precision("auto", ZEN4, {"int8": PASSED, "bf16": PASSED}, BUCKETS, record, THIS_CPU)
+    without = choose_precision(
+        "auto", ZEN4, {"int8": PASSED, "bf16": PASSED}, BUCKETS, record, THIS_CPU, openvino_top_buckets=0
+    )
     assert "int8-openvino" not in without.explain()
     # asked for, it is served at every bucket where its gate passed at every bucket
     assert choose_precision("int8-openvino", ZEN4, variants, BUCKETS).precision == "int8-openvino"
 
 
-def test_the_bf16_min_speedup_is_a_service_setting_of_at_least_1(monkeypatch):
+def test_the_openvino_rules_min_speedup_and_top_buckets_are_service_settings(monkeypatch):
     from service.settings import ServiceSettings
 
     assert ServiceSettings().auto_bf16_min_speedup == BF16_MIN_SPEEDUP
@@ -282,6 +328,11 @@ def test_the_bf16_min_speedup_is_a_service_setting_of_at_least_1(monkeypatch):
     assert ServiceSettings().auto_bf16_min_speedup == 1.0
     with pytest.raises(ValueError):
         ServiceSettings(auto_bf16_min_speedup=0.5)  # below 1 would serve bf16 slower than the one-copy choice
+    assert ServiceSettings().auto_openvino_top_buckets == OPENVINO_TOP_BUCKETS
+    monkeypatch.setenv("BIGS_AUTO_OPENVINO_TOP_BUCKETS", "0")
+    assert ServiceSettings().auto_openvino_top_buckets == 0
+    with pytest.raises(ValueError):
+        ServiceSettings(auto_openvino_top_buckets=-1)
 
 
 def test_auto_with_a_latency_record_of_another_cpu_none_or_an_incomplete_one_goes_by_the_cpus_flags():
@@ -541,11 +592,12 @@ def default_exports(tmp_path_factory):
 @pytest.mark.slow
 def test_export_without_flags_writes_gates_and_times_the_variants_this_machine_runs(default_exports):
     from export.build import default_precisions
-    from export.cpu import cpu_description, has_bf16_units
+    from export.cpu import cpu_description, has_bf16_units, has_exact_int8_products
     from export.manifest import read_manifest
     from export.openvino_runtime import openvino_available
 
     assert ("bf16" in default_precisions()) == (has_bf16_units() and openvino_available())
+    assert ("int8-openvino" in default_precisions()) == (has_exact_int8_products() and openvino_available())
     for name in ("cls", "mlm"):
         manifest = read_manifest(default_exports[name])
         assert tuple(manifest.precisions) == default_precisions(), name
@@ -599,8 +651,9 @@ def _with_latency(export_dir, tmp_path, ms=None, measured_on=None) -> Path:
 def _int8_first_then_fp32(manifest) -> dict[str, dict[int, float]]:
     """Figures where int8 is the fastest at 128 and fp32 at 512 (every variant the dir has is slower)."""
     ms = {"fp32": {128: 5.0, 512: 10.0}, "int8": {128: 2.0, 512: 12.0}}
-    if "bf16" in manifest.precisions:
-        ms["bf16"] = {128: 3.0, 512: 11.0}
+    for on_openvino in ("bf16", "int8-openvino"):
+        if on_openvino in manifest.precisions:
+            ms[on_openvino] = {128: 3.0, 512: 11.0}
     return ms
 
 
@@ -618,11 +671,22 @@ def test_auto_with_this_cpus_latency_record_serves_per_bucket_the_fastest_varian
     passing = [p for p, v in manifest.precisions.items() if v.passed]
     fastest = {b: min(["fp32", *passing], key=lambda p, b=b: recorded[p][b]) for b in manifest.buckets}
     assert precision_for_model("auto", "onnx", manifest, bf16_min_speedup=1.0).by_bucket == fastest
-    one_copy = {b: min(["fp32", *set(passing) - {"bf16"}], key=lambda p, b=b: recorded[p][b]) for b in manifest.buckets}
-    expected = {
-        b: "bf16" if "bf16" in passing and recorded["bf16"][b] * BF16_MIN_SPEEDUP < recorded[p][b] else p
-        for b, p in one_copy.items()
+    on_ort = [p for p in ["fp32", *passing] if p not in ("bf16", "int8-openvino")]
+    one_copy = {b: min(on_ort, key=lambda p, b=b: recorded[p][b]) for b in manifest.buckets}
+    on_openvino = {
+        b: min(set(passing) - set(on_ort), key=lambda p, b=b: recorded[p][b], default=None) for b in one_copy
     }
+    expected = {
+        b: ov if ov and recorded[ov][b] * BF16_MIN_SPEEDUP < recorded[p][b] else p
+        for (b, p), ov in zip(one_copy.items(), on_openvino.values(), strict=True)
+    }
+    assert precision_for_model("auto", "onnx", manifest, openvino_top_buckets=0).by_bucket == expected
+    # and the one bucket, of the others, where OpenVINO saves the most time a call, if 1.1x faster there
+    saves = {b: recorded[p][b] - recorded[on_openvino[b]][b] for b, p in one_copy.items()
+             if expected[b] == p and on_openvino[b] and recorded[on_openvino[b]][b] * 1.1 < recorded[p][b]}  # fmt: skip
+    if saves:
+        top = max(saves, key=saves.get)
+        expected[top] = on_openvino[top]
     assert precision_for_model("auto", "onnx", manifest).by_bucket == expected
     # figures that decide differently per bucket, whatever this CPU's flags would prefer
     tampered = read_manifest(_with_latency(default_exports["cls"], tmp_path, ms=_int8_first_then_fp32(manifest)))
