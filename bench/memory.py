@@ -63,11 +63,13 @@ def median_ms(client: httpx.Client, path: str, body: dict, times: int) -> float:
     return statistics.median(samples) * 1000
 
 
-def measure(models: list[str], shared: bool, precision: str) -> dict:
+def measure(models: list[str], shared: bool, precision: str, settings: dict[str, str] | None = None) -> dict:
+    """`settings`: more of the server's settings, {name: value} (service/settings.py), e.g. auto_openvino_buckets."""
     port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("BIGS_")}
     env.update(BIGS_MODELS=" ".join(models), BIGS_PORT=str(port), BIGS_ORT_SHARED_ARENA=str(shared).lower(),
                BIGS_PRECISION=precision, BIGS_ACCESS_LOG="false", PYTHONPATH=str(ROOT))  # fmt: skip
+    env.update({f"BIGS_{name.upper()}": value for name, value in (settings or {}).items()})
     proc = subprocess.Popen([sys.executable, "-m", "bigs_cli", "serve"], cwd=ROOT, env=env,
                             stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)  # fmt: skip
     rng = random.Random(0)
@@ -115,13 +117,19 @@ def main(argv=None) -> int:
     parser.add_argument(
         "--precision", default="auto", help="BIGS_PRECISION of the server (auto, fp32, int8, bf16, int8-openvino)"
     )
+    parser.add_argument(
+        "--setting", action="append", default=[], metavar="NAME=VALUE",
+        help="another setting of the server (repeat), e.g. auto_openvino_buckets=1",
+    )  # fmt: skip
     args = parser.parse_args(argv)
+    settings = dict(item.split("=", 1) for item in args.setting)
+    said = "".join(f", {name} {value}" for name, value in settings.items())
     print(f"CPU: {cpu_description()}, {os.cpu_count()} cores; models: {' '.join(args.model)}; "
-          f"precision {args.precision}", flush=True)  # fmt: skip
+          f"precision {args.precision}{said}", flush=True)  # fmt: skip
     runs: dict[bool, list[dict]] = {True: [], False: []}
     for round_ in range(args.rounds):
         for shared in (True, False):
-            runs[shared].append(measure(args.model, shared, args.precision))
+            runs[shared].append(measure(args.model, shared, args.precision, settings))
             print(f"round {round_ + 1}, shared arena {shared}: {runs[shared][-1]}", flush=True)
     keys = ["ready_mb", "after_large_mb", "short_ms", "long_ms", "ready_s"]
     print("\n| measure (median over rounds) | shared arena | arena per session | per session / shared |")

@@ -50,8 +50,8 @@ def measure(export_dir: str, policy: str, precision: str) -> dict:
         settings.precision,
         settings.runtime,
         manifest,
-        settings.auto_bf16_min_speedup,
-        settings.auto_openvino_top_buckets,
+        settings.auto_openvino_buckets,
+        settings.auto_openvino_min_speedup,
     )
     runtime = load_runtime(
         settings.runtime, export_dir, manifest, settings.intra_op_threads, settings.ort_spin_wait,

@@ -25,17 +25,15 @@ On the CPU the export timed the variants on (the same model name and flags), `au
 bucket the fastest of fp32 and the variants that passed there, by those figures: they are this
 model's on this CPU. Memory counts too: fp32 and int8 run on ONNX Runtime over the one copy of the
 model's weights, while bf16 and int8-openvino run on OpenVINO, whose every compiled bucket adds its products'
-weights repacked and memory of its own (~20-40 MB a bucket for a d = 256 model once warm-up's buffers are given
-back; before that work, five defaults served bf16 where it measured faster held 1.5 GB against 0.8 GB at int8).
-So OpenVINO is taken at a bucket where it is `bf16_min_speedup` times faster than the ONNX Runtime choice there
-(`BF16_MIN_SPEEDUP`, 1.5x: below that the gain is within the record's own spread, up to 1.3x between five
-defaults of one shape timed on one machine, and does not pay for the memory), and besides at the
-`openvino_top_buckets` (`OPENVINO_TOP_BUCKETS`, 1) where it saves the most milliseconds a call, if 1.1x faster
-there (`OPENVINO_TOP_MIN_SPEEDUP`): a bucket costs about the same memory at any length, while the time it saves
-grows with the length, so that bucket is in practice the longest, 4,096 tokens, the service's longest wait (on a
-VNNI EPYC OpenVINO's int8 ran 1.16-1.47x ORT's int8 there; the five defaults, each with it at 4,096, are
-estimated to hold ~0.8 GB ready). The setting `auto_bf16_min_speedup` = 1 takes the fastest whatever its memory;
-`auto_openvino_top_buckets` = 0 takes OpenVINO only by the first rule. Elsewhere (another CPU, or a dir without the figures) it goes by the flags:
+weights repacked and memory of its own: ~20-40 MB a bucket for a d = 256 model once warm-up's buffers are given
+back, about the same at every length. So OpenVINO serves at most `openvino_buckets` buckets of a model
+(`OPENVINO_BUCKETS`, 2), those where it saves the most milliseconds a call, which grow with the length, and only
+where it measured `openvino_min_speedup` times faster than the ONNX Runtime choice there (`OPENVINO_MIN_SPEEDUP`,
+1.1x, the record's noise). On the 2-core VNNI EPYC OpenVINO's int8 ran 2.7-2.8x fp32 at 4,096 tokens against ORT
+int8's 2.0-2.5x, and it is taken at 2,048 and 4,096 for the five defaults. Taken wherever it measured 1.5x faster
+(mostly at 128 and 256, where ORT's int8 is slow to start) and at each model's longest, it took 14 buckets of the
+five, which then held 1,063 MB ready against 627 MB all on ORT (`bigs bench memory`). The settings `auto_openvino_buckets` and `auto_openvino_min_speedup` change both; a large
+count and 1 take the fastest whatever its memory. Elsewhere (another CPU, or a dir without the figures) it goes by the flags:
 preference among the precisions a CPU runs fast and whose variants passed, `preference`, from
 measurements of the served variants (docs/DESIGN.md §4.5): on a VNNI CPU without AMX, ORT int8
 beats fp32 at every bucket and OpenVINO bf16 on AVX512_BF16 does not beat int8; on AMX both are
@@ -79,18 +77,14 @@ FAST_WITH: dict[Precision, tuple[str, ...]] = {
 FLAG_LABELS = {**FLAG_NAMES, "avx2": "AVX2"}  # the reasons' names of the flags (FLAG_NAMES: the CPU's identity)
 
 
-# How much faster than the ONNX Runtime choice (fp32 or int8, over the model's one copy of the weights) a
-# bucket's bf16 must measure for `auto` to serve it on OpenVINO, which holds per bucket a compiled copy
-# of the products' weights and buffers of its own (module docstring)
-BF16_MIN_SPEEDUP = 1.5
-# Besides: the buckets of a model where OpenVINO saves the most milliseconds per call, this many, are served on it
-# wherever it measured at least `OPENVINO_TOP_MIN_SPEEDUP` faster there. A compiled bucket's memory is about the
-# same at every length (~20-40 MB for a d = 256 model, its buffers given back after warm-up) while the time it saves
-# grows with the length: 25-55 ms a call at 4,096 tokens on the VNNI EPYC, where OpenVINO's int8 ran 1.16-1.47x ORT's
-# (its per-token activation scales, bf16 for the rest) and the bucket is the longest wait of the service
-OPENVINO_TOP_BUCKETS = 1
-# The record's own noise: the same graphs timed in two export runs differ by a few percent at long buckets
-OPENVINO_TOP_MIN_SPEEDUP = 1.1
+# OpenVINO (bf16, int8-openvino) is a second runtime: where fp32 and int8 share the model's one copy of the weights
+# on ONNX Runtime, each bucket compiled by OpenVINO holds its products' weights repacked and memory of its own
+# (~20-40 MB for a d = 256 model once warm-up's buffers are given back). So `auto` serves on it at most this many
+# buckets of a model, those where it saves the most milliseconds a call by the latency record (module docstring)
+OPENVINO_BUCKETS = 2
+# ... and only where it measured this many times faster than the ONNX Runtime choice: beyond the record's noise (the
+# same graphs timed by two exports differ by a few percent)
+OPENVINO_MIN_SPEEDUP = 1.1
 
 
 def int8_saturates(variant, flags: Iterable[str]) -> bool:
@@ -169,8 +163,8 @@ def choose_precision(
     buckets: Iterable[int],
     latency: LatencyRecord | None = None,
     cpu: str = "",
-    bf16_min_speedup: float = BF16_MIN_SPEEDUP,
-    openvino_top_buckets: int = OPENVINO_TOP_BUCKETS,
+    openvino_buckets: int = OPENVINO_BUCKETS,
+    openvino_min_speedup: float = OPENVINO_MIN_SPEEDUP,
 ) -> PrecisionChoice:
     """The precision to serve at each of `buckets`.
 
@@ -179,9 +173,9 @@ def choose_precision(
     model, so a variant that failed at one bucket is refused rather than served in part.
     `auto`, where `latency` (the manifest's) was measured on a CPU described as `cpu` (this one,
     export/cpu.py `cpu_description`): per bucket, the fastest measured of fp32 and the variants the dir
-    has whose gate passed at that bucket, bf16 and int8-openvino (OpenVINO) only where they are `bf16_min_speedup`
-    times faster than the fastest of the others, or at the `openvino_top_buckets` where they save the most time
-    (`_auto_by_latency`). Otherwise, per bucket, the first of
+    has whose gate passed at that bucket, bf16 and int8-openvino (OpenVINO) at no more than `openvino_buckets`
+    buckets, where they save the most time and are `openvino_min_speedup` times faster than the fastest of the
+    others (`_auto_by_latency`). Otherwise, per bucket, the first of
     `preference(flags)` that this CPU runs fast, that the dir has and whose gate passed at that bucket;
     fp32 at a bucket where none does."""
     flags, buckets = frozenset(flags), sorted(buckets)
@@ -210,7 +204,7 @@ def choose_precision(
 
     figures, not_measured = latency_here(latency, cpu, variants, buckets)
     if figures is not None:
-        return _auto_by_latency(flags, variants, buckets, figures, bf16_min_speedup, openvino_top_buckets)
+        return _auto_by_latency(flags, variants, buckets, figures, openvino_buckets, openvino_min_speedup)
 
     # No figures for this CPU: the order by its flags, which measurements on a few CPUs and models
     # set (module docstring). The candidates auto may use somewhere (fast here, present, passed at some bucket); the others get
@@ -300,13 +294,14 @@ def _auto_by_latency(
     variants: dict[Precision, VariantStatus],
     buckets: list[int],
     ms: dict[str, dict[int, float]],
-    bf16_min_speedup: float = BF16_MIN_SPEEDUP,
-    openvino_top_buckets: int = OPENVINO_TOP_BUCKETS,
+    openvino_buckets: int = OPENVINO_BUCKETS,
+    openvino_min_speedup: float = OPENVINO_MIN_SPEEDUP,
 ) -> PrecisionChoice:
     """`auto` on the CPU the export timed: per bucket, the fastest of fp32 and the variants whose gate
     passed there, by the recorded figures, except that a precision on OpenVINO (bf16, int8-openvino: a second
-    runtime, with memory of its own per bucket) must beat the fastest on ONNX Runtime by `bf16_min_speedup`,
-    or by `OPENVINO_TOP_MIN_SPEEDUP` at the `openvino_top_buckets` others where it saves the most milliseconds.
+    runtime, with memory of its own per bucket) is served at `openvino_buckets` buckets at most, those where it
+    saves the most milliseconds a call, and only where it is `openvino_min_speedup` times the fastest on ONNX
+    Runtime there.
     The CPU's flags only break a tie (`preference`); a variant this CPU "lacks the flags for" is still served
     where it measured fastest here. int8-openvino is a candidate where the dir has it (export writes it on CPUs with VNNI or AMX-INT8)."""
     whole_model: list[str] = []
@@ -332,23 +327,19 @@ def _auto_by_latency(
     def fastest_on_openvino(bucket: int) -> Precision | None:  # bf16 or int8-openvino, where one passed there
         return min((p for p in candidates(bucket) if p in ON_OPENVINO), key=lambda p: ms[p][bucket], default=None)
 
-    def on_openvino(bucket: int) -> Precision | None:  # the fastest of OpenVINO's there, where it pays
-        fastest = fastest_on_openvino(bucket)
-        if fastest is None or ms[fastest][bucket] * bf16_min_speedup >= ms[fastest_on_one_copy(bucket)][bucket]:
-            return None
-        return fastest
-
-    by_speedup = {b: p for b in buckets if (p := on_openvino(b))}
-
-    def saving(bucket: int) -> float | None:  # ms a call OpenVINO saves there, where beyond the record's noise
+    def saving(bucket: int) -> float | None:  # ms a call OpenVINO saves there, where it is fast enough to count
         fastest, one_copy = fastest_on_openvino(bucket), ms[fastest_on_one_copy(bucket)][bucket]
-        if fastest is None or ms[fastest][bucket] * OPENVINO_TOP_MIN_SPEEDUP >= one_copy:
+        if fastest is None or ms[fastest][bucket] * openvino_min_speedup >= one_copy:
             return None
         return one_copy - ms[fastest][bucket]
 
-    saves = {b: saved for b in buckets if b not in by_speedup and (saved := saving(b)) is not None}
-    top = {b: fastest_on_openvino(b) for b in sorted(saves, key=lambda b: -saves[b])[:openvino_top_buckets]}
-    by_bucket: dict[int, Precision] = {b: by_speedup.get(b) or top.get(b) or fastest_on_one_copy(b) for b in buckets}
+    saves = {b: saved for b in buckets if (saved := saving(b)) is not None}
+    on_openvino = {b: fastest_on_openvino(b) for b in sorted(saves, key=lambda b: -saves[b])[:openvino_buckets]}
+    by_bucket: dict[int, Precision] = {b: on_openvino.get(b) or fastest_on_one_copy(b) for b in buckets}
+    openvino_rule = (
+        f"{_the_buckets(openvino_buckets)} where it saves the most time a call (auto_openvino_buckets), "
+        f"{openvino_min_speedup:g}x faster or more (auto_openvino_min_speedup)"
+    )
 
     reasons = list(whole_model)
     for precision in (*usable, "fp32"):
@@ -367,30 +358,17 @@ def _auto_by_latency(
         contested = any(len(candidates(b)) > 1 for b in at)  # else fp32 alone: nothing was faster to take
         why = [f"fastest measured on this CPU ({figures(at)})"] if contested else []
         if precision in ON_OPENVINO:
-            fast, saving_most = [b for b in at if b in by_speedup], [b for b in at if b in top]
-            why = [f"fastest measured on this CPU, by {bf16_min_speedup:g}x or more ({figures(fast)})"] if fast else []
-            if saving_most:
-                lead = "and" if fast else "fastest measured on this CPU,"
-                why.append(
-                    f"{lead} by {OPENVINO_TOP_MIN_SPEEDUP:g}x or more at {_the_buckets(openvino_top_buckets)} where "
-                    f"OpenVINO saves the most time a call (auto_openvino_top_buckets; {figures(saving_most)})"
-                )
+            why = [f"fastest measured on this CPU, at {openvino_rule} ({figures(at)})"]
         else:
-            passed_over = {  # OpenVINO measured faster here, not by enough to pay for its memory
+            passed_over = {  # OpenVINO measured faster here, but is not among the buckets it is taken at
                 b: faster for b in at if (faster := fastest_on_openvino(b)) and ms[faster][b] < ms[precision][b]
             }
             if passed_over:
                 gains = ", ".join(f"{ms[precision][b] / ms[p][b]:.2f}x at {b}" for b, p in passed_over.items())
                 names = " or ".join(sorted(set(passed_over.values())))
-                top_clause = (
-                    f", and not {_the_buckets(openvino_top_buckets)} where it saves the most time a call "
-                    "(auto_openvino_top_buckets)"
-                    if openvino_top_buckets
-                    else ""
-                )
                 why = [f"the fastest on the model's one copy of the weights ({figures(at)})",
-                       f"{names} faster by {gains}, under the {bf16_min_speedup:g}x that pays for OpenVINO's "
-                       f"memory per bucket (auto_bf16_min_speedup){top_clause}"]  # fmt: skip
+                       f"{names} faster by {gains}, but OpenVINO, with memory of its own per bucket, is taken at "
+                       f"{openvino_rule}"]  # fmt: skip
         for other in usable:  # a variant left out at these buckets by its gate, not by its speed
             failed = [(b, variants[other].bucket_failures.get(b) or "not measured") for b in at
                       if not variants[other].passed_at(b)]  # fmt: skip
@@ -401,7 +379,7 @@ def _auto_by_latency(
 
 
 def _the_buckets(count: int) -> str:
-    return "the bucket" if count == 1 else f"the {count} buckets"
+    return {0: "no bucket", 1: "the one bucket"}.get(count, f"the {count} buckets")
 
 
 def fast_flag(precision: Precision, flags: frozenset[str]) -> str | None:
@@ -460,8 +438,8 @@ def precision_for_model(
     setting: PrecisionSetting,
     runtime: str,
     manifest,
-    bf16_min_speedup: float = BF16_MIN_SPEEDUP,
-    openvino_top_buckets: int = OPENVINO_TOP_BUCKETS,
+    openvino_buckets: int = OPENVINO_BUCKETS,
+    openvino_min_speedup: float = OPENVINO_MIN_SPEEDUP,
 ) -> PrecisionChoice:
     """The precision each bucket of one served model runs at: reduced precision is a variant of the
     ONNX graphs, so other runtimes serve fp32 (an explicit int8/bf16 with them is an error)."""
@@ -478,6 +456,6 @@ def precision_for_model(
         manifest.buckets,
         manifest.latency,
         cpu,
-        bf16_min_speedup,
-        openvino_top_buckets,
+        openvino_buckets,
+        openvino_min_speedup,
     )

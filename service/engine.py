@@ -185,8 +185,8 @@ class ModelEngine:
 
     def _choose_precision(self, manifest: Manifest) -> PrecisionChoice:
         settings = self.settings
-        return precision_for_model(settings.precision, settings.runtime, manifest, settings.auto_bf16_min_speedup,
-                                   settings.auto_openvino_top_buckets)  # fmt: skip
+        return precision_for_model(settings.precision, settings.runtime, manifest, settings.auto_openvino_buckets,
+                                   settings.auto_openvino_min_speedup)  # fmt: skip
 
     def _load_runtime(self, kind: str, export_dir: Path, manifest: Manifest, choice: PrecisionChoice) -> Runtime:
         settings = self.settings

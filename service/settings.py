@@ -11,7 +11,7 @@ from typing import Annotated, Literal
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
-from .cpu_features import BF16_MIN_SPEEDUP, OPENVINO_TOP_BUCKETS, OPENVINO_TOP_MIN_SPEEDUP
+from .cpu_features import OPENVINO_BUCKETS, OPENVINO_MIN_SPEEDUP
 
 
 class ServiceSettings(BaseSettings):
@@ -36,26 +36,23 @@ class ServiceSettings(BaseSettings):
         "auto",
         description="auto: per model and bucket, the fastest reduced-precision variant of its export dir that "
         "passed its accuracy gate at that bucket and that this CPU runs fast (int8 with VNNI or AMX-INT8, bf16 with "
-        "AMX-BF16), else fp32 (bf16 only where it pays for its memory: auto_bf16_min_speedup; int8-openvino, where "
-        "the dir has it, only where the export measured it fastest on this CPU, by the same rule); int8, bf16 or "
+        "AMX-BF16), else fp32 (bf16 and int8-openvino, on OpenVINO, at the few buckets where they pay for its "
+        "memory: auto_openvino_buckets, by the export's latency record on this CPU); int8, bf16 or "
         "int8-openvino: that variant at every bucket (its gate passed at every bucket) or a start-up error "
         "(runtime onnx; bf16 and int8-openvino run on OpenVINO)",
     )
-    auto_bf16_min_speedup: float = Field(
-        BF16_MIN_SPEEDUP,
-        ge=1.0,
-        description="precision auto serves a bucket at bf16 or int8-openvino (OpenVINO: a compiled copy of the products' weights and "
-        "memory of its own per bucket, ~20-40 MB each for a d = 256 model) where the export's latency "
-        "record timed it this many times faster than the fastest of fp32 and int8 (ONNX Runtime, over the model's "
-        "one copy of the weights), or at auto_openvino_top_buckets; 1: the fastest whatever its memory",
-    )
-    auto_openvino_top_buckets: int = Field(
-        OPENVINO_TOP_BUCKETS,
+    auto_openvino_buckets: int = Field(
+        OPENVINO_BUCKETS,
         ge=0,
-        description="besides, precision auto serves this many buckets of a model on OpenVINO where it saves the most "
-        f"time a call by the latency record, wherever it measured {OPENVINO_TOP_MIN_SPEEDUP:g}x ONNX Runtime's choice "
-        "or faster there (in practice the longest bucket, whose calls take longest); 0: none but by "
-        "auto_bf16_min_speedup",
+        description="precision auto serves at most this many buckets of a model on OpenVINO (bf16, int8-openvino: a "
+        "compiled copy of the products' weights and memory of its own per bucket, ~20-40 MB each for a d = 256 "
+        "model), those where the export's latency record says it saves the most time a call; 0: none",
+    )
+    auto_openvino_min_speedup: float = Field(
+        OPENVINO_MIN_SPEEDUP,
+        ge=1.0,
+        description="... and only where it timed this many times faster than the fastest of fp32 and int8 (ONNX "
+        "Runtime, over the model's one copy of the weights)",
     )
     host: str = Field("127.0.0.1", description="address to listen on (0.0.0.0: every interface, as in the image)")
     port: int = Field(8000, ge=1, le=65535, description="TCP port to listen on")

@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import onnxruntime as ort
 
-from export.heads import MASK_POSITIONS, signature
+from export.heads import MASK_POSITIONS, placeholder_inputs, signature
 from export.manifest import Manifest
 from export.onnx_runtime import MappedWeights, graph_weights, load_sessions, map_weights
 
@@ -38,6 +38,7 @@ class OnnxRuntime:
         weights: MappedWeights | None = None,  # the model's weights already read (shared with OpenVINO's buckets)
     ):
         self.heads = list(manifest.heads)
+        self.shared_arena = shared_arena
         if isinstance(precision, str):
             precision = dict.fromkeys(manifest.buckets, precision)
         # a weights file changed under the server changes nothing (no SIGBUS): read, not mapped
@@ -63,9 +64,23 @@ class OnnxRuntime:
         first = self.sessions[self.buckets[0]]
         self.input_names = {i.name for i in first.get_inputs()}
 
-    def run(self, head: str, bucket: int, inputs: dict[str, np.ndarray]) -> np.ndarray:
+    def run(
+        self, head: str, bucket: int, inputs: dict[str, np.ndarray], options: ort.RunOptions | None = None
+    ) -> np.ndarray:
         feeds = {name: value for name, value in inputs.items() if name in self.input_names}
         if MASK_POSITIONS in self.input_names and MASK_POSITIONS not in feeds:
             feeds[MASK_POSITIONS] = np.zeros((inputs["input_ids"].shape[0], 1), np.int64)  # unused by this head
-        (output,) = self.sessions[bucket].run([signature(head).output], feeds)
+        (output,) = self.sessions[bucket].run([signature(head).output], feeds, options)
         return output
+
+    def release_memory(self) -> None:
+        """Give back the free regions of the process's one arena (`shared_arena`): after warm-up it holds the peak of
+        the longest warm-up run until traffic needs it (87 MB for the five defaults served int8). ORT shrinks an
+        arena only at the end of a run asked to, so this is one run of the shortest bucket. An arena per session
+        keeps its peak (shrinking each would mean running each bucket again)."""
+        if not self.shared_arena:
+            return
+        shrink = ort.RunOptions()
+        shrink.add_run_config_entry("memory.enable_memory_arena_shrinkage", "cpu:0")
+        bucket = self.buckets[0]
+        self.run(self.heads[0], bucket, placeholder_inputs(self.heads[0], 1, bucket), shrink)
