@@ -7,7 +7,8 @@ one `OrtValue` over that mapping (no copy), and each bucket's session gets the s
 `SessionOptions.add_initializer`. ORT uses a user-supplied initializer in place, so the weights are
 resident once for all buckets (and, being file-backed, shared by worker processes through the page
 cache). A server passes `in_memory_weights=True`: the file is read into private memory once instead
-(the same resident size, since warm-up touches every page anyway), so a weights file overwritten or
+(the same resident size, since warm-up touches every page anyway), and only the tensors of the graphs it loads
+(`map_weights` with `names`, `graph_weights`: served int8, none of the products' fp32 weights), so a weights file overwritten or
 truncated under the running process changes nothing: a mapping would serve the new bytes unchecked,
 or die of SIGBUS on a page past the new end. Session options are the manifest's (optimisation off: the graphs are optimised offline;
 MLAS pre-packing off: it would give each session a packed copy of every MatMul weight).
@@ -40,9 +41,8 @@ from .manifest import Manifest, read_manifest
 class MappedWeights:
     """The weights file, mapped (or read into memory) once, and one OrtValue per tensor over it."""
 
-    mapping: (
-        np.ndarray | None
-    )  # np.memmap, or the file's bytes in private memory (in_memory); None: a buffer per tensor
+    # np.memmap, or the file's bytes in private memory (in_memory); None: a buffer per tensor (in_memory with names)
+    mapping: np.ndarray | None
     values: dict[str, ort.OrtValue]
     arrays: dict[str, np.ndarray]  # the numpy views the OrtValues wrap (kept alive with them)
 

@@ -339,6 +339,8 @@ def _auto_by_latency(
     openvino_rule = (
         f"{_the_buckets(openvino_buckets)} where it saves the most time a call (auto_openvino_buckets), "
         f"{openvino_min_speedup:g}x faster or more (auto_openvino_min_speedup)"
+        if openvino_buckets
+        else "no bucket (auto_openvino_buckets 0)"
     )
 
     reasons = list(whole_model)
@@ -379,7 +381,7 @@ def _auto_by_latency(
 
 
 def _the_buckets(count: int) -> str:
-    return {0: "no bucket", 1: "the one bucket"}.get(count, f"the {count} buckets")
+    return "the one bucket" if count == 1 else f"the {count} buckets"
 
 
 def fast_flag(precision: Precision, flags: frozenset[str]) -> str | None:

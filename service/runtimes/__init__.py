@@ -77,9 +77,8 @@ def load_runtime(
                 from .openvino import OpenVinoRuntime
 
                 parts.append(OpenVinoRuntime(export_dir, manifest, on_openvino, intra_op_threads, at, weights))
-                if (
-                    on_openvino == "int8-openvino"
-                ):  # its products now int8: their fp32 weights go, unless read elsewhere
+                # int8-openvino's products are int8 now: their fp32 weights go, unless another graph reads them
+                if on_openvino == "int8-openvino":
                     others = {b: p for b, p in by_bucket.items() if p != "int8-openvino"}
                     weights.drop(parts[-1].weights_made_int8() - graph_weights(manifest, served_graphs(others)))
         on_ort = {b: p for b, p in by_bucket.items() if p not in ON_OPENVINO}
