@@ -101,7 +101,8 @@ class ExportOptions:
     quantize: str | None = None  # None or "int8" (ONNX only): the same as precisions=("int8",)
     # Reduced-precision variants (ONNX only), each measured by its accuracy gate (export/gate.py) and
     # timed (export/latency.py): "int8" (int8 graphs, ORT), "bf16" (the fp32 graphs through OpenVINO at
-    # bf16), "int8-openvino" (the fp32 graphs through OpenVINO with int8 products). DEFAULT (what `bigs export` asks without --precisions): `default_precisions()` where the
+    # bf16), "int8-openvino" (the fp32 graphs through OpenVINO with int8 products). DEFAULT (what `bigs export`
+    # asks without --precisions): `default_precisions()` where the
     # gate can run, i.e. with ONNX among the formats and a tokenizer in the dir, else none. The empty
     # default here keeps a program's export what it states.
     precisions: tuple[str, ...] | str = ()

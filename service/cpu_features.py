@@ -32,8 +32,9 @@ where it measured `openvino_min_speedup` times faster than the ONNX Runtime choi
 1.1x, the record's noise). On the 2-core VNNI EPYC OpenVINO's int8 ran 2.7-2.8x fp32 at 4,096 tokens against ORT
 int8's 2.0-2.5x, and it is taken at 2,048 and 4,096 for the five defaults. Taken wherever it measured 1.5x faster
 (mostly at 128 and 256, where ORT's int8 is slow to start) and at each model's longest, it took 14 buckets of the
-five, which then held 1,063 MB ready against 627 MB all on ORT (`bigs bench memory`). The settings `auto_openvino_buckets` and `auto_openvino_min_speedup` change both; a large
-count and 1 take the fastest whatever its memory. Elsewhere (another CPU, or a dir without the figures) it goes by the flags:
+five, which then held 1,063 MB ready against 627 MB all on ORT (`bigs bench memory`). The settings
+`auto_openvino_buckets` and `auto_openvino_min_speedup` change both; a large count and 1 take the fastest
+whatever its memory. Elsewhere (another CPU, or a dir without the figures) it goes by the flags:
 preference among the precisions a CPU runs fast and whose variants passed, `preference`, from
 measurements of the served variants (docs/DESIGN.md §4.5): on a VNNI CPU without AMX, ORT int8
 beats fp32 at every bucket and OpenVINO bf16 on AVX512_BF16 does not beat int8; on AMX both are
@@ -303,7 +304,8 @@ def _auto_by_latency(
     saves the most milliseconds a call, and only where it is `openvino_min_speedup` times the fastest on ONNX
     Runtime there.
     The CPU's flags only break a tie (`preference`); a variant this CPU "lacks the flags for" is still served
-    where it measured fastest here. int8-openvino is a candidate where the dir has it (export writes it on CPUs with VNNI or AMX-INT8)."""
+    where it measured fastest here. int8-openvino is a candidate where the dir has it (export writes it on CPUs
+    with VNNI or AMX-INT8)."""
     whole_model: list[str] = []
     usable: list[Precision] = []
     extra = [p for p in REDUCED if p not in preference(flags) and variants.get(p, VariantStatus(False)).present]
@@ -336,8 +338,9 @@ def _auto_by_latency(
     saves = {b: saved for b in buckets if (saved := saving(b)) is not None}
     on_openvino = {b: fastest_on_openvino(b) for b in sorted(saves, key=lambda b: -saves[b])[:openvino_buckets]}
     by_bucket: dict[int, Precision] = {b: on_openvino.get(b) or fastest_on_one_copy(b) for b in buckets}
+    the_buckets = "the one bucket" if openvino_buckets == 1 else f"the {openvino_buckets} buckets"
     openvino_rule = (
-        f"{_the_buckets(openvino_buckets)} where it saves the most time a call (auto_openvino_buckets), "
+        f"{the_buckets} where it saves the most time a call (auto_openvino_buckets), "
         f"{openvino_min_speedup:g}x faster or more (auto_openvino_min_speedup)"
         if openvino_buckets
         else "no bucket (auto_openvino_buckets 0)"
@@ -348,19 +351,16 @@ def _auto_by_latency(
         at = [b for b in buckets if by_bucket[b] == precision]
         if not at:
             continue
-
-        def figures(these: list[int], precision: str = precision, at: list[int] = at) -> str:
-            said = []
-            for b in these:
-                others = ", ".join(f"{p} {ms[p][b]:.3g} ms" for p in candidates(b) if p != precision)
-                figure = f"{ms[precision][b]:.3g} ms" + (f" vs {others}" if others else "")
-                said.append(figure if len(at) == 1 else f"at {b}: {figure}")  # the bucket, where the line has more
-            return "; ".join(said)
-
+        said = []
+        for b in at:
+            others = ", ".join(f"{p} {ms[p][b]:.3g} ms" for p in candidates(b) if p != precision)
+            figure = f"{ms[precision][b]:.3g} ms" + (f" vs {others}" if others else "")
+            said.append(figure if len(at) == 1 else f"at {b}: {figure}")
+        figures = "; ".join(said)
         contested = any(len(candidates(b)) > 1 for b in at)  # else fp32 alone: nothing was faster to take
-        why = [f"fastest measured on this CPU ({figures(at)})"] if contested else []
+        why = [f"fastest measured on this CPU ({figures})"] if contested else []
         if precision in ON_OPENVINO:
-            why = [f"fastest measured on this CPU, at {openvino_rule} ({figures(at)})"]
+            why = [f"fastest measured on this CPU, at {openvino_rule} ({figures})"]
         else:
             passed_over = {  # OpenVINO measured faster here, but is not among the buckets it is taken at
                 b: faster for b in at if (faster := fastest_on_openvino(b)) and ms[faster][b] < ms[precision][b]
@@ -368,7 +368,7 @@ def _auto_by_latency(
             if passed_over:
                 gains = ", ".join(f"{ms[precision][b] / ms[p][b]:.2f}x at {b}" for b, p in passed_over.items())
                 names = " or ".join(sorted(set(passed_over.values())))
-                why = [f"the fastest on the model's one copy of the weights ({figures(at)})",
+                why = [f"the fastest on the model's one copy of the weights ({figures})",
                        f"{names} faster by {gains}, but OpenVINO, with memory of its own per bucket, is taken at "
                        f"{openvino_rule}"]  # fmt: skip
         for other in usable:  # a variant left out at these buckets by its gate, not by its speed
@@ -378,10 +378,6 @@ def _auto_by_latency(
                 why.append(f"{other} failed its gate " + ", ".join(f"at {b}: {f}" for b, f in failed))
         reasons.append(f"{precision} at {', '.join(map(str, at))}: {'; '.join(why) or 'no faster variant applies'}")
     return PrecisionChoice(by_bucket, reasons)
-
-
-def _the_buckets(count: int) -> str:
-    return "the one bucket" if count == 1 else f"the {count} buckets"
 
 
 def fast_flag(precision: Precision, flags: frozenset[str]) -> str | None:
