@@ -12,6 +12,7 @@ bigs bench load [--host URL --users N --duration 60s --scenario long|mixed|fill-
 bigs bench soak [--host URL --duration 600 --fraction 0.7 --out DIR]   steady load at a fraction of capacity, RSS sampled
 bigs bench memory --model NAME=EXPORT_DIR …                         resident memory: shared arena vs one per session
 bigs bench precision EXPORT_DIR [--buckets 128,512,4096 --quantize]     fp32, int8 and bf16 variants side by side
+bigs bench graph-profile EXPORT_DIR [--bucket 4096 --precision P]     where one bucket's time goes, by category and op
 bigs bench compare [--quick] [--out docs/BENCHMARKS.md]             BiGS vs same-size BERT, dense-FLOP floors, batching
 bigs bench default-size [--sizes 384x6,…] [--out docs/BENCHMARKS.md] default models' size: 4,096-token latency vs shipping budget
 bigs bench train [--shapes mlm:32x128,classify:32x512] [--baseline REV] [--out docs/BENCHMARKS.md]  one training step: split, floor, torch reference
@@ -47,6 +48,7 @@ BENCHMARKS = {
     "soak": "bench.soak",
     "memory": "bench.memory",
     "precision": "bench.precision",
+    "graph-profile": "bench.graph_profile",
     "compare": "bench.compare",
     "default-size": "bench.default_size",
     "train": "bench.train_step",
@@ -562,8 +564,8 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="comma-separated reduced-precision variants to write, gate on real text and time: int8 (ORT), "
         "bf16 (OpenVINO), int8-openvino (OpenVINO, int8 weights, activations quantized per token at run time; "
-        "CPUs with VNNI or AMX-INT8); default int8, plus bf16 where OpenVINO is installed and the CPU has bf16 "
-        "units; none: fp32 only",
+        "CPUs with VNNI or AMX-INT8); default int8, plus, where OpenVINO is installed, bf16 if the CPU has bf16 "
+        "units and int8-openvino if it has VNNI or AMX-INT8; none: fp32 only",
     )
     export.add_argument(
         "--int8-floor",

@@ -7,7 +7,8 @@
     precision.py           `bigs bench precision`: fp32, int8 and bf16 variants of an export dir side by side
     compare.py             `bigs bench compare`: BiGS vs same-size BERT, dense-FLOP floors, batching
     default_size.py        `bigs bench default-size`: which size the default models can be (4,096-token latency, MB shipped)
-    graph_profile.py       ORT profile of a graph by op category; its dense-MatMul floor
+    graph_profile.py       `bigs bench graph-profile`: where a bucket's time goes by op category, under ORT's
+                           profiler or OpenVINO's counters; the dense-MatMul floor
     train_step.py          `bigs bench train`: one training step on this CPU, split, beside its floor
     accelerator.py         `bigs bench accelerator`: training, exact resume and serving on a GPU, in a time budget
 

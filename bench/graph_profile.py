@@ -1,4 +1,6 @@
-"""Where an ONNX graph's time goes on ORT CPU, and its dense-FLOP floor measured in the same run.
+"""Where an ONNX graph's time goes on ORT CPU or inside OpenVINO, and its dense-FLOP floor measured in the same run.
+
+    bigs bench graph-profile EXPORT_DIR --bucket 4096 --precision int8-openvino   # one bucket as it is served
 
     profile = profile_graph(session_factory, feeds, runs=3)   # ORT's own profiler, per node
     profile.by_category()                                     # {"weight MatMul": ms, "SSM MatMul": ms, …}
@@ -29,9 +31,11 @@ follows both (`FLOOR_GRAPHS`, `FLOOR_RUNTIMES`):
     int8   the int8 graphs on ORT          one MatMul through `quantize_dynamic`, on ORT
     bf16   the fp32 graphs on OpenVINO     one MatMul, compiled by OpenVINO at bf16
 
-ORT's profiler cannot see inside OpenVINO, so a precision that runs another runtime is profiled
-through ORT on the graphs it runs (bf16: the fp32 graph, the same nodes and shapes): its floor has
-the right shapes, and its "where the time goes" is that of ORT, not its own.
+ORT's profiler cannot see inside OpenVINO, so for the floor a precision that runs another runtime is
+profiled through ORT on the graphs it runs (bf16: the fp32 graph, the same nodes and shapes): its floor
+has the right shapes. Where the time goes inside OpenVINO is `profile_openvino`'s: the plugin's own
+per-node counters (PERF_COUNT), in the same categories, with the precision each node ran at (an
+int8-openvino weight product runs as an int8 FullyConnected).
 """
 
 from __future__ import annotations
@@ -73,6 +77,7 @@ class NodeTime:
     category: str
     ms: float
     input_shapes: tuple[tuple[int, ...], ...]
+    precision: str = ""  # what OpenVINO ran the node at (its runtime precision: i8, bf16, f32); "" from ORT
 
 
 @dataclass
@@ -168,6 +173,69 @@ def profile_graph(
         category = categorize(node, constants) if node is not None else "elementwise"
         # the warm-up's events come first: keep the last `runs` of each node
         nodes.append(NodeTime(name, op_type, category, statistics.median(durations[-runs:]), shapes[name]))
+    return GraphProfile(nodes=nodes, wall_ms=statistics.median(walls))
+
+
+# OpenVINO's CPU plugin names each executed node by the operation it came from; a weight product runs as a
+# FullyConnected (FullyConnectedCompressed where its weight is int8), a product it left a MatMul
+OPENVINO_CATEGORIES = {
+    "FullyConnected": "weight MatMul", "FullyConnectedCompressed": "weight MatMul",
+    "Gelu": "GELU", "MVN": "LayerNorm", "RMS": "LayerNorm", "LayerNorm": "LayerNorm",
+    "Transpose": "layout", "Reorder": "layout", "Reshape": "layout", "Gather": "layout", "Concat": "layout",
+    "Split": "layout", "StridedSlice": "layout", "Broadcast": "layout", "Squeeze": "layout", "Unsqueeze": "layout",
+}  # fmt: skip
+
+
+def _from_constants(op) -> bool:
+    """Whether an executed node's value depends on no input of the graph (a weight, folded at compile time)."""
+    kinds = {"Const": True, "Input": False, "Parameter": False}
+    seen, todo = set(), [op]
+    while todo:
+        node = todo.pop()
+        if id(node) in seen:
+            continue
+        seen.add(id(node))
+        kind = str(node.get_rt_info()["layerType"].astype(str))
+        if kind in kinds:
+            if not kinds[kind]:
+                return False
+            continue
+        todo.extend(node.input_value(i).get_node() for i in range(node.get_input_size()))
+    return True
+
+
+def profile_openvino(bucket, feeds: dict[str, np.ndarray], runs: int = 3) -> GraphProfile:
+    """Where a graph's time goes inside OpenVINO: `runs` inferences (after one warm-up) of `bucket`, a
+    `CompiledBucket` compiled with `perf_count` (export/openvino_runtime.py), each node's median time from the
+    plugin's own counters. Categories as ORT's profile has them (`OPENVINO_CATEGORIES`; a MatMul is an SSM MatMul
+    where its left operand is folded from constants, the chunked form's matrices, else an attention MatMul), so
+    the two runtimes' profiles of one graph read side by side. The nodes' times can add up to a little more than
+    the run's: the plugin runs independent branches (the SSM's two directions) at once."""
+    request = bucket.compiled.create_infer_request()
+    executed = {op.get_friendly_name(): op for op in bucket.compiled.get_runtime_model().get_ops()}
+    request.infer(feeds)
+    samples: dict[str, list[float]] = defaultdict(list)
+    kinds: dict[str, tuple[str, str]] = {}
+    walls = []
+    for _ in range(runs):
+        start = time.perf_counter()
+        request.infer(feeds)
+        walls.append(1000 * (time.perf_counter() - start))
+        for info in request.profiling_info:
+            ms = info.real_time.total_seconds() * 1000
+            if ms > 0 or info.node_name in samples:
+                samples[info.node_name].append(ms)
+                kinds[info.node_name] = (info.node_type, info.exec_type)
+    nodes = []
+    for name, durations in samples.items():
+        op_type, exec_type = kinds[name]
+        category = OPENVINO_CATEGORIES.get(op_type, "elementwise")
+        op = executed.get(name)
+        if op_type == "MatMul":
+            left_constant = op is not None and _from_constants(op.input_value(0).get_node())
+            category = "SSM MatMul" if left_constant else "attention MatMul"
+        precision = str(op.get_rt_info()["runtimePrecision"].astype(str)) if op is not None else exec_type
+        nodes.append(NodeTime(name, op_type, category, statistics.median(durations), (), precision))
     return GraphProfile(nodes=nodes, wall_ms=statistics.median(walls))
 
 
@@ -320,3 +388,72 @@ def dense_flops(profile: GraphProfile) -> float:
             batch = int(np.prod(np.broadcast_shapes(a[:-2], b[:-2]))) if len(a) > 2 or len(b) > 2 else 1
             flops += 2.0 * batch * a[-2] * a[-1] * b[-1]
     return flops
+
+
+# --------------------------------------------------------------------------------------------
+# bigs bench graph-profile: one bucket of an export, at one precision, as it is served
+# --------------------------------------------------------------------------------------------
+
+
+def profile_export(export_dir: Path, bucket: int, precision: str, runs: int = 3) -> GraphProfile:
+    """Profile one bucket of an export at `precision` on the runtime that serves it: fp32 and int8 through
+    ORT's profiler (the manifest's session options), bf16 and int8-openvino through OpenVINO's counters."""
+    from bench.precision import feeds_for
+    from export.manifest import read_manifest
+    from export.onnx_runtime import session_options
+    from export.openvino_runtime import compile_graph
+
+    manifest = read_manifest(export_dir)
+    graph = manifest.onnx.graph(bucket, "int8" if precision == "int8" else "fp32")
+    feeds = feeds_for(graph.input_names, bucket, 1, manifest.model.vocab_size)
+    path = export_dir / graph.file
+    if precision in ("fp32", "int8"):
+        served = session_options(manifest)
+
+        def make_session(options: ort.SessionOptions) -> ort.InferenceSession:
+            options.graph_optimization_level = served.graph_optimization_level
+            return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+
+        return profile_graph(make_session, path, feeds, runs)
+    return profile_openvino(compile_graph(path, precision, perf_count=True), feeds, runs)
+
+
+def markdown(profile: GraphProfile, title: str) -> str:
+    """The profile as two tables: by category, and by operation with the precision each ran at."""
+    lines = [f"{title}: {profile.wall_ms:.1f} ms a run, {profile.kernel_ms:.1f} ms in its nodes", ""]
+    lines += ["| category | ms | share |", "|---|---:|---:|"]
+    for category, ms in profile.by_category().items():
+        if ms:
+            lines.append(f"| {category} | {ms:.2f} | {ms / profile.kernel_ms:.0%} |")
+    ran_at: dict[str, set[str]] = defaultdict(set)
+    for node in profile.nodes:
+        ran_at[node.op_type].add(node.precision)
+    lines += ["", "| operation | ms | nodes | ran at |", "|---|---:|---:|---|"]
+    for op_type, ms in profile.by_op_type().items():
+        count = sum(node.op_type == op_type for node in profile.nodes)
+        lines.append(f"| {op_type} | {ms:.2f} | {count} | {', '.join(sorted(ran_at[op_type] - {''})) or '—'} |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> None:
+    import argparse
+
+    parser = argparse.ArgumentParser(
+        prog="bigs bench graph-profile",
+        description="Where one bucket's time goes at one precision, on the runtime that serves it (per-node "
+        "counters of ORT's profiler or of OpenVINO's plugin), by category and by operation",
+    )
+    parser.add_argument("export_dir", type=Path)
+    parser.add_argument("--bucket", type=int, default=512)
+    parser.add_argument("--precision", default="fp32", choices=["fp32", "int8", "bf16", "int8-openvino"])
+    parser.add_argument("--runs", type=int, default=5)
+    args = parser.parse_args(argv)
+    from service.cpu_features import cpu_model_name
+
+    profile = profile_export(args.export_dir, args.bucket, args.precision, args.runs)
+    title = f"{args.export_dir.name}, {args.bucket:,} tokens, {args.precision}, batch 1, median of {args.runs} ({cpu_model_name()})"
+    print(markdown(profile, title))
+
+
+if __name__ == "__main__":
+    main()

@@ -82,12 +82,16 @@ class CompiledBucket:
 
 
 def compile_config(
-    precision: str, threads: int | None = None, dynamic_quantization_group: int | None = None
+    precision: str,
+    threads: int | None = None,
+    dynamic_quantization_group: int | None = None,
+    perf_count: bool = False,
 ) -> dict[str, str]:
     """The CPU plugin's properties for `precision` ("fp32" | "bf16" | "int8-openvino"): latency mode, one stream.
     `dynamic_quantization_group`: for a graph with int8 weights (`int8_weights`), how many of a token's activations
     share one scale when the plugin quantizes them at run time (VNNI and AMX CPUs); None: int8-openvino's
-    `INT8_ACTIVATION_GROUP`, the plugin's default for the others."""
+    `INT8_ACTIVATION_GROUP`, the plugin's default for the others. `perf_count`: the plugin times every node of
+    each inference (bench/graph_profile.py `profile_openvino`); never on a served graph."""
     if precision not in INFERENCE_PRECISION:
         raise ValueError(f"OpenVINO runs fp32, bf16 or int8-openvino, not {precision!r}")
     if dynamic_quantization_group is None and precision == "int8-openvino":
@@ -97,6 +101,8 @@ def compile_config(
         config["INFERENCE_NUM_THREADS"] = str(threads)
     if dynamic_quantization_group is not None:
         config["DYNAMIC_QUANTIZATION_GROUP_SIZE"] = str(dynamic_quantization_group)
+    if perf_count:
+        config["PERF_COUNT"] = "YES"
     return config
 
 
@@ -228,6 +234,7 @@ def compile_graph(
     weights=None,
     dynamic_quantization_group: int | None = None,
     int8_shared: SharedInt8Weights | None = None,
+    perf_count: bool = False,
 ) -> CompiledBucket:
     """One ONNX graph file compiled by OpenVINO's CPU plugin at `precision` (`compile_config`); its
     inputs and outputs are named as in the graph. `core`: an `openvino.Core` to reuse across calls.
@@ -235,7 +242,7 @@ def compile_graph(
     the graph's constants then point into (`share_weights`) instead of holding a copy of their own.
     At int8-openvino its products' constants are made int8 first (`int8_weights`), their activations quantized
     at run time in groups of `dynamic_quantization_group` (VNNI and AMX CPUs; `compile_config`); `int8_shared`:
-    the int8 weights of the model's buckets compiled before (`SharedInt8Weights`)."""
+    the int8 weights of the model's buckets compiled before (`SharedInt8Weights`). `perf_count`: see `compile_config`."""
     import openvino as ov
 
     core = core or ov.Core()
@@ -244,7 +251,9 @@ def compile_graph(
         share_weights(model, weights.arrays)
     if precision == "int8-openvino":
         int8_weights(model, int8_shared)
-    compiled = core.compile_model(model, "CPU", compile_config(precision, threads, dynamic_quantization_group))
+    compiled = core.compile_model(
+        model, "CPU", compile_config(precision, threads, dynamic_quantization_group, perf_count)
+    )
     return CompiledBucket(
         compiled,
         [port.get_any_name() for port in compiled.inputs],

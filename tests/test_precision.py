@@ -2059,3 +2059,32 @@ def test_a_longer_bucket_whose_gate_fails_leaves_more_products_in_fp32_there_alo
     assert fp32_weight_products(tmp_path / f"{long}.int8.onnx") == {p.weight for p in record.fp32_at(long)}
     assert record.gated_graphs()[long] == more.chosen.gate
     assert record.fp32_at(min(graphs)) == record.fp32  # the search's own buckets keep the search's products
+
+
+@pytest.mark.slow
+def test_graph_profile_shows_int8_openvino_running_every_weight_product_in_int8_in_the_categories_of_orts_profile(
+    variant_exports, capsys
+):
+    """`bigs bench graph-profile` at int8-openvino reads OpenVINO's own counters: every weight product runs as an
+    int8 FullyConnected (the plugin quantizes the activations at run time; were it to decompress the weights, the
+    variant would be bf16 under int8's name), the chunked SSM convolution's products are told apart as constant-left
+    MatMuls, and every node's time is in one category. The same bucket at fp32 through ORT's profiler falls in the
+    same categories (every CPU; the OpenVINO half needs VNNI or AMX-INT8)."""
+    from bench.graph_profile import main, profile_export
+
+    export_dir, bucket = variant_exports["cls"], 1024  # the chunked bucket: its SSM products are MatMuls
+    on_ort = profile_export(export_dir, bucket, "fp32", runs=2).by_category()
+    assert on_ort["weight MatMul"] > 0 and on_ort["SSM MatMul"] > 0 and on_ort["attention MatMul"] == 0
+    if not int8_openvino_runs_here():
+        pytest.skip("this CPU has no VNNI or AMX-INT8: OpenVINO would decompress the int8 weights")
+    on_openvino = profile_export(export_dir, bucket, "int8-openvino", runs=2)
+    products = [node for node in on_openvino.nodes if node.category == "weight MatMul"]
+    assert products and {node.precision for node in products} == {"i8"}, {(n.name, n.precision) for n in products}
+    categories = on_openvino.by_category()
+    assert categories["SSM MatMul"] > 0 and categories["attention MatMul"] == 0
+    assert sum(categories.values()) == pytest.approx(on_openvino.kernel_ms)
+    assert on_openvino.kernel_ms > 0 and on_openvino.wall_ms > 0
+
+    main([str(export_dir), "--bucket", str(bucket), "--precision", "int8-openvino", "--runs", "1"])
+    printed = capsys.readouterr().out
+    assert "| weight MatMul |" in printed and "| FullyConnectedCompressed |" in printed and "i8" in printed
