@@ -397,7 +397,8 @@ def dense_flops(profile: GraphProfile) -> float:
 
 def profile_export(export_dir: Path, bucket: int, precision: str, runs: int = 3) -> GraphProfile:
     """Profile one bucket of an export at `precision` on the runtime that serves it: fp32 and int8 through
-    ORT's profiler (the manifest's session options), bf16 and int8-openvino through OpenVINO's counters."""
+    ORT's profiler (at the graph optimisation level the manifest records), bf16 and int8-openvino through
+    OpenVINO's counters."""
     from bench.precision import feeds_for
     from export.manifest import read_manifest
     from export.onnx_runtime import session_options
@@ -426,12 +427,14 @@ def markdown(profile: GraphProfile, title: str) -> str:
         if ms:
             lines.append(f"| {category} | {ms:.2f} | {ms / profile.kernel_ms:.0%} |")
     ran_at: dict[str, set[str]] = defaultdict(set)
+    count: dict[str, int] = defaultdict(int)
     for node in profile.nodes:
         ran_at[node.op_type].add(node.precision)
+        count[node.op_type] += 1
     lines += ["", "| operation | ms | nodes | ran at |", "|---|---:|---:|---|"]
     for op_type, ms in profile.by_op_type().items():
-        count = sum(node.op_type == op_type for node in profile.nodes)
-        lines.append(f"| {op_type} | {ms:.2f} | {count} | {', '.join(sorted(ran_at[op_type] - {''})) or '—'} |")
+        precisions = ", ".join(sorted(ran_at[op_type] - {""})) or "—"  # "" where ORT profiled it
+        lines.append(f"| {op_type} | {ms:.2f} | {count[op_type]} | {precisions} |")
     return "\n".join(lines)
 
 

@@ -102,9 +102,9 @@ class ExportOptions:
     # Reduced-precision variants (ONNX only), each measured by its accuracy gate (export/gate.py) and
     # timed (export/latency.py): "int8" (int8 graphs, ORT), "bf16" (the fp32 graphs through OpenVINO at
     # bf16), "int8-openvino" (the fp32 graphs through OpenVINO with int8 products). DEFAULT (what `bigs export`
-    # asks without --precisions): `default_precisions()` where the
-    # gate can run, i.e. with ONNX among the formats and a tokenizer in the dir, else none. The empty
-    # default here keeps a program's export what it states.
+    # asks without --precisions): `default_precisions()` where the gate can run, i.e. with ONNX among the
+    # formats and a tokenizer in the dir, else none. The empty default here keeps a program's export what it
+    # states.
     precisions: tuple[str, ...] | str = ()
     embed_weights: bool = False  # StableHLO: weights inside each artifact instead of arguments
     tolerance: float = DEFAULT_TOLERANCE
