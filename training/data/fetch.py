@@ -34,8 +34,11 @@ class FetchError(RuntimeError):
 
 
 def cache_root(cache_dir: str | os.PathLike | None = None) -> Path:
-    """The cache root: the argument, else $BIGS_DATA_CACHE, else ~/.cache/bigs/data."""
-    root = Path(cache_dir or os.environ.get(CACHE_ENV) or DEFAULT_CACHE).expanduser()
+    """The cache root, absolute: the argument, else $BIGS_DATA_CACHE, else ~/.cache/bigs/data.
+
+    Absolute because the package clients run inside the cache (`cwd=`): a relative root such as
+    `--cache-dir runs/cache` would otherwise name a path that does not exist from there."""
+    root = Path(cache_dir or os.environ.get(CACHE_ENV) or DEFAULT_CACHE).expanduser().resolve()
     root.mkdir(parents=True, exist_ok=True)
     return root
 
