@@ -402,13 +402,18 @@ def cmd_bench(args: argparse.Namespace) -> None:
 
 
 def cmd_eval(args: argparse.Namespace) -> None:
-    from training.evaluation import decide_refusal, evaluate
+    from training.evaluation import decide_refusal, evaluate, evaluate_lengths
 
     if args.refuse_beyond is not None and (args.artifact is None or args.precision in ("fp32", "auto")):
         fail("eval", "--refuse-beyond judges one reduced precision of an export against its artifact: give "
              "--precision int8, bf16 or int8-openvino and --artifact DIR")  # fmt: skip
+    if args.lengths is not None and (args.data_dir is None or args.precision != "fp32"):
+        fail("eval", "--lengths scores an artifact dir's masked tokens on a built corpus: give --data-dir DIR")
     try:
-        report = evaluate(args.model, args.data_dir, args.precision, args.work_dir, args.teacher)
+        if args.lengths is not None:
+            report = evaluate_lengths(args.model, args.data_dir, args.lengths, args.work_dir)
+        else:
+            report = evaluate(args.model, args.data_dir, args.precision, args.work_dir, args.teacher)
         print(report.table())
         if args.json:
             Path(args.json).write_text(json.dumps(report.to_json(), indent=2) + "\n")
@@ -637,6 +642,14 @@ def build_parser() -> argparse.ArgumentParser:
         "refusal is taken back",
     )
     evaluate.add_argument("--artifact", help="the artifact dir the export was made from (with --refuse-beyond)")
+    evaluate.add_argument(
+        "--lengths",
+        type=lambda text: [int(n) for n in text.split(",")],
+        metavar="N,N,…",
+        help="the length test instead (an MLM artifact and --data-dir): masked-token accuracy on the same held-out "
+        "text packed at each length, read in one pass, past the model's length with its positions tiled as "
+        "`bigs train extend` tiles them, no training",
+    )
     evaluate.set_defaults(func=cmd_eval)
 
     bench = sub.add_parser("bench", help="run a benchmark of the bench package (bench/)")

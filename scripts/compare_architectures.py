@@ -215,18 +215,6 @@ def run_row(row: str, out: Path, args) -> tuple[RowResult, Path, Path | None]:
 # --------------------------------------------------------------------------------------------
 
 
-def length_test_split(corpus: Path, length: int, work: Path):
-    """The corpus's test split packed at `length` tokens, into `work` (the corpus dir itself is left as training
-    packed it): the same token store at every length, so every length reads the same text."""
-    from training.data import PackedDataset
-    from training.data.packing import pack_store
-
-    packed = work / f"test-{length}"
-    if not (packed / "index.json").is_file():
-        pack_store(corpus / "tokens" / "test", packed, length)
-    return PackedDataset(packed)
-
-
 def length_test(
     extended: Path, corpus: Path, lengths: list[int], tokens: int, work: Path, scores: Path
 ) -> tuple[dict, dict]:
@@ -236,7 +224,7 @@ def length_test(
     The scores are kept in `scores` (a stage's output like any other: a length already scored on as many
     tokens is read back, not scored again; delete the file to redo it), so a run over trained rows spends its
     time on the latency, which is the one figure that must be measured with every row at once."""
-    from training.evaluation import ArtifactModel, masked_token_hits
+    from training.evaluation import ArtifactModel, masked_token_hits, packed_test_split
 
     saved = json.loads(scores.read_text()) if scores.is_file() else {}
     accuracy, counted = {}, {}  # every length scored on `tokens` tokens, this run's and earlier runs'
@@ -253,7 +241,7 @@ def length_test(
         if length > model.max_length:
             print(f"length test: {extended} reads at most {model.max_length} tokens, not {length}")
             continue
-        split = length_test_split(corpus, length, work)
+        split = packed_test_split(corpus, length, work)
         rows = min(len(split), max(1, tokens // length))
         hits, masked = masked_token_hits(model, split, rows, max(1, LENGTH_TEST_BATCH_TOKENS // length))
         accuracy[length], counted[length] = hits / max(masked, 1), masked

@@ -155,3 +155,39 @@ def test_a_model_in_the_teachers_space_is_scored_on_its_cosine_with_the_teacher(
     report = evaluate(out, work_dir=tmp_path / "work")
     (row,) = [r for r in report.rows if r.metric == "cosine with teacher"]
     assert -1.0 <= row.value <= 1.0 and row.count == len(read_cloze())
+
+
+def test_the_length_test_scores_the_trained_lengths_as_the_model_unextended_and_reads_past_them(tiny_model, tmp_path):
+    """`bigs eval --lengths`: tiling the position table leaves its trained rows as they were, so at every length
+    the model was trained to read the length test scores exactly what the unextended model scores; past it the
+    model reads the same text in one pass with the rows tiled."""
+    from model.tokenizer import bert_uncased_tokenizer
+    from training.data import build_corpus
+    from training.evaluation import ArtifactModel, evaluate_lengths, masked_token_hits, packed_test_split
+
+    artifact = tmp_path / "artifact"
+    tiny_model(vocab_size=30522, max_position_embeddings=64).save_pretrained(artifact)
+    corpus = tmp_path / "corpus"
+    build_corpus(["kjv"], corpus, seq_len=64, max_docs=60, tokenizer=bert_uncased_tokenizer())
+    tokens = 512
+    report = evaluate_lengths(artifact, corpus, [128, 32, 64], tmp_path / "work", tokens=tokens)
+    assert [r.set for r in report.rows] == [f"held-out documents at {n}" for n in (32, 64, 128)]
+    scored = {int(r.set.rsplit(" ", 1)[1]): r for r in report.rows}
+    unextended = ArtifactModel(artifact)
+    for length in (32, 64):
+        split = packed_test_split(corpus, length, tmp_path / "work" / "corpus")
+        hits, masked = masked_token_hits(unextended, split, tokens // length, max(1, 16384 // length))
+        assert scored[length].value == hits / masked and scored[length].count == masked
+        assert "trained length" in scored[length].note
+    assert scored[128].count > 0 and "positions tiled from 64, no training" in scored[128].note
+    table = ArtifactModel(artifact, positions=128).params["s4_bert"]["embeddings"]["position_embeddings"]["embedding"]
+    np.testing.assert_array_equal(table[64:], table[:64])
+
+
+def test_the_length_test_asks_for_a_corpus_in_one_line(tmp_path):
+    done = subprocess.run(
+        [sys.executable, "-m", "bigs_cli", "eval", str(tmp_path), "--lengths", "4096,8192"],
+        cwd=ROOT, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 1
+    assert "--lengths scores an artifact dir's masked tokens on a built corpus: give --data-dir DIR" in done.stderr

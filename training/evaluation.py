@@ -119,7 +119,9 @@ class ArtifactModel:
 
     kind = "artifact"
 
-    def __init__(self, path: Path):
+    def __init__(self, path: Path, positions: int | None = None):
+        """`positions`: read up to this many tokens, the learned position table tiled as `bigs train extend`
+        tiles it before it trains (stages.extend_positions), with no training: the length test."""
         import jax
 
         from model.modeling_flax_bigs import (
@@ -128,8 +130,12 @@ class ArtifactModel:
         )
 
         from .artifact import load_artifact
+        from .stages import extend_positions
 
         self.config, params = load_artifact(path)
+        if positions is not None and positions > self.config.max_position_embeddings:
+            params = extend_positions(params, positions)
+            self.config.max_position_embeddings = positions
         self.architecture = (self.config.architectures or ["BiGSForMaskedLM"])[0]
         self.max_length = self.config.max_position_embeddings
         from model.hub import read_dense
@@ -303,6 +309,56 @@ def score_masked_tokens(model, data_dir: Path, max_rows: int = 1024, batch_size:
     correct, counted = masked_token_hits(model, split, rows, batch_size)
     note = f"test split of {data_dir}, {rows} sequences of {split[np.arange(1)].shape[1]}"
     return Row("held-out documents", "masked-token accuracy", correct / max(counted, 1), counted, note)
+
+
+# The length test: how far one pass holds past the length a model was trained at.
+LENGTH_TEST_TOKENS = 262_144  # held-out tokens read at every length: 64 rows of 4,096, 16 of 16,384
+LENGTH_TEST_BATCH_TOKENS = 16_384  # tokens a batch holds (one row of 16,384)
+
+
+def packed_test_split(corpus: Path, length: int, work: Path):
+    """The corpus's test split packed at `length` tokens, into `work` (the corpus dir itself is left as training
+    packed it): the same token store at every length, so every length reads the same text."""
+    from .data import PackedDataset
+    from .data.packing import pack_store
+
+    packed = Path(work) / f"test-{length}"
+    if not (packed / "index.json").is_file():
+        pack_store(Path(corpus) / "tokens" / "test", packed, length)
+    return PackedDataset(packed)
+
+
+def evaluate_lengths(
+    path: str | Path, data_dir: str | Path, lengths: list[int], work_dir: str | Path, tokens: int = LENGTH_TEST_TOKENS
+) -> Report:
+    """The length test of an MLM artifact: held-out masked-token accuracy on the first `tokens` tokens of a built
+    corpus's test split, packed at each of `lengths` (the same text at every length), the model reading each row
+    in one pass. Lengths past the model's are read with its positions extended as `bigs train extend` extends
+    them before it trains (the learned table tiled), with no training: where accuracy holds there, a longer
+    bucket needs no new weights."""
+    lengths = sorted(set(lengths))
+    model = ArtifactModel(Path(path), positions=lengths[-1])
+    trained = load_config_length(Path(path))
+    if model.architecture != "BiGSForMaskedLM":
+        raise ValueError(f"the length test scores masked tokens: {path} is a {model.architecture}, not an MLM")
+    report = Report(str(path), model.kind, model.architecture)
+    for length in lengths:
+        split = packed_test_split(Path(data_dir), length, Path(work_dir) / Path(data_dir).name)
+        rows = max(1, tokens // length)
+        if len(split) < rows:
+            raise ValueError(f"{data_dir}'s test split holds {len(split)} rows of {length}: fewer than {tokens:,} tokens")
+        hits, masked = masked_token_hits(model, split, rows, max(1, LENGTH_TEST_BATCH_TOKENS // length))
+        how = "trained length" if length <= trained else f"positions tiled from {trained:,}, no training"
+        note = f"{rows} rows of {length:,} tokens ({how})"
+        report.rows.append(Row(f"held-out documents at {length:,}", "masked-token accuracy", hits / max(masked, 1),
+                               masked, note))  # fmt: skip
+        print(f"length test: {path} at {length}: {hits / max(masked, 1):.4f} over {masked} masked tokens", flush=True)
+    return report
+
+
+def load_config_length(path: Path) -> int:
+    """The number of positions an artifact dir was saved with (what it was trained to read)."""
+    return int(json.loads((path / "config.json").read_text())["max_position_embeddings"])
 
 
 def masked_token_hits(model, split, rows: int, batch_size: int) -> tuple[int, int]:
