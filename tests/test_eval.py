@@ -178,7 +178,7 @@ def test_the_length_test_scores_the_trained_lengths_as_the_model_unextended_and_
         split = packed_test_split(corpus, length, tmp_path / "work" / "corpus")
         hits, masked = masked_token_hits(unextended, split, tokens // length, max(1, 16384 // length))
         assert scored[length].value == hits / masked and scored[length].count == masked
-        assert "trained length" in scored[length].note
+        assert "within its 64 positions" in scored[length].note
     assert scored[128].count > 0 and "positions tiled from 64, no training" in scored[128].note
     table = ArtifactModel(artifact, positions=128).params["s4_bert"]["embeddings"]["position_embeddings"]["embedding"]
     np.testing.assert_array_equal(table[64:], table[:64])
@@ -191,3 +191,20 @@ def test_the_length_test_asks_for_a_corpus_in_one_line(tmp_path):
     )  # fmt: skip
     assert done.returncode == 1
     assert "--lengths scores an artifact dir's masked tokens on a built corpus: give --data-dir DIR" in done.stderr
+
+
+def test_a_classifiers_length_test_at_its_own_length_is_its_cards_test_accuracy(tmp_path):
+    """The length test of a classifier reads its labelled test split up to each length: at the length it was
+    trained at it is the card's figure; past its positions the same documents are read whole in one pass."""
+    from training.evaluation import evaluate_lengths
+
+    model = ROOT / "models" / "bigs-mini-news"
+    card = json.loads((model / "training_card.json").read_text())
+    report = evaluate_lengths(model, tmp_path / "data", [512], tmp_path / "work")
+    scores = {r.metric: r for r in report.rows}
+    assert scores["accuracy"].value == pytest.approx(card["held_out"]["test_accuracy"])
+    assert scores["macro-F1"].value == pytest.approx(card["held_out"]["test_f1_macro"])
+    assert (
+        scores["accuracy"].count == 212
+        and "read up to 512 tokens (within its 4,096 positions)" in scores["accuracy"].note
+    )

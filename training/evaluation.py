@@ -331,25 +331,39 @@ def packed_test_split(corpus: Path, length: int, work: Path):
 def evaluate_lengths(
     path: str | Path, data_dir: str | Path, lengths: list[int], work_dir: str | Path, tokens: int = LENGTH_TEST_TOKENS
 ) -> Report:
-    """The length test of an MLM artifact: held-out masked-token accuracy on the first `tokens` tokens of a built
-    corpus's test split, packed at each of `lengths` (the same text at every length), the model reading each row
-    in one pass. Lengths past the model's are read with its positions extended as `bigs train extend` extends
+    """The length test of an artifact, each input read in one pass. An MLM: held-out masked-token accuracy on the
+    first `tokens` tokens of a built corpus's test split, packed at each of `lengths` (the same text at every
+    length). A classifier: accuracy and macro-F1 on its labelled set's test split (built into `data_dir`) read up
+    to each length. Lengths past the model's are read with its positions extended as `bigs train extend` extends
     them before it trains (the learned table tiled), with no training: where accuracy holds there, a longer
     bucket needs no new weights."""
     lengths = sorted(set(lengths))
     model = ArtifactModel(Path(path), positions=lengths[-1])
     trained = load_config_length(Path(path))
-    if model.architecture != "BiGSForMaskedLM":
-        raise ValueError(f"the length test scores masked tokens: {path} is a {model.architecture}, not an MLM")
+    how = lambda length: (
+        f"within its {trained:,} positions" if length <= trained else f"positions tiled from {trained:,}, no training"
+    )
     report = Report(str(path), model.kind, model.architecture)
+    if model.architecture == "BiGSForSequenceClassification":
+        for length in lengths:
+            batch = max(1, LENGTH_TEST_BATCH_TOKENS // length)
+            scored = score_classification(model, Path(data_dir) / f"read-{length}", batch, read=length)
+            for row in scored[:2]:  # accuracy and macro-F1 of the whole texts; the baselines do not read positions
+                row.note = f"read up to {length:,} tokens ({how(length)})"
+                report.rows.append(row)
+            print(f"length test: {path} at {length}: accuracy {scored[0].value:.4f} of {scored[0].count}", flush=True)
+        return report
+    if model.architecture != "BiGSForMaskedLM":
+        raise ValueError(f"the length test scores an MLM or a classifier: {path} is a {model.architecture}")
     for length in lengths:
         split = packed_test_split(Path(data_dir), length, Path(work_dir) / Path(data_dir).name)
         rows = max(1, tokens // length)
         if len(split) < rows:
-            raise ValueError(f"{data_dir}'s test split holds {len(split)} rows of {length}: fewer than {tokens:,} tokens")
+            raise ValueError(
+                f"{data_dir}'s test split holds {len(split)} rows of {length}: fewer than {tokens:,} tokens"
+            )
         hits, masked = masked_token_hits(model, split, rows, max(1, LENGTH_TEST_BATCH_TOKENS // length))
-        how = "trained length" if length <= trained else f"positions tiled from {trained:,}, no training"
-        note = f"{rows} rows of {length:,} tokens ({how})"
+        note = f"{rows} rows of {length:,} tokens ({how(length)})"
         report.rows.append(Row(f"held-out documents at {length:,}", "masked-token accuracy", hits / max(masked, 1),
                                masked, note))  # fmt: skip
         print(f"length test: {path} at {length}: {hits / max(masked, 1):.4f} over {masked} masked tokens", flush=True)
@@ -385,9 +399,10 @@ def masked_token_hits(model, split, rows: int, batch_size: int) -> tuple[int, in
     return correct, counted
 
 
-def score_classification(model, data_dir: Path, batch_size: int = 16) -> list[Row]:
+def score_classification(model, data_dir: Path, batch_size: int = 16, read: int | None = None) -> list[Row]:
     """Accuracy and macro-F1 on the labelled set's test split, beside the majority class and TF-IDF +
-    logistic regression fitted on the training split (scikit-learn)."""
+    logistic regression fitted on the training split (scikit-learn). `read`: the texts read up to this many
+    tokens instead of as the run read them (the length test)."""
     from model.tokenizer import bert_uncased_tokenizer
 
     from .data import build_labelled, open_split
@@ -399,7 +414,8 @@ def score_classification(model, data_dir: Path, batch_size: int = 16) -> list[Ro
     source = sources[0]  # a classify stage reads exactly one labelled set
     data = (model.card.get("config") or {}).get("data") or {}
     # texts read as the run read them: up to 512 tokens, or a long-document classifier's own length
-    read = min(model.max_length, max(512, data.get("seq_len") or 512))
+    if read is None:
+        read = min(model.max_length, max(512, data.get("seq_len") or 512))
     tokenizer = bert_uncased_tokenizer(model_max_length=model.max_length)
     build_labelled(source, data_dir, max_length=read, seed=0, tokenizer=tokenizer)
     train, test = open_split(data_dir, "train"), open_split(data_dir, "test")
