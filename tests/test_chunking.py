@@ -8,6 +8,9 @@ tokenizer, and each is sent as an ordinary request; the chunked answer must be t
 
 from __future__ import annotations
 
+import asyncio
+import time
+
 import httpx
 import numpy as np
 import pytest
@@ -15,11 +18,11 @@ import pytest
 for _needed in ("onnxruntime", "fastapi", "uvicorn"):
     pytest.importorskip(_needed)
 
-from service_fixtures import MAX_LENGTH, Server, assert_error, text_of  # noqa: E402
+from service_fixtures import MAX_LENGTH, Server, assert_error, metric, metric_samples, text_of  # noqa: E402
 
 CONTENT = MAX_LENGTH - 2  # a window's text tokens, between [CLS] and [SEP]
 STRIDE = CONTENT - MAX_LENGTH // 8  # consecutive windows share an eighth of a window
-MAX_WINDOWS = 6  # the server's max_chunk_windows here
+MAX_WINDOWS = 48  # the server's max_chunk_windows here
 TOL = 2e-5
 
 
@@ -162,9 +165,9 @@ def test_more_windows_than_a_request_may_read_is_413_naming_the_bound(client):
                                           "parameters": {"overflow": "chunk"}})  # fmt: skip
     error = assert_error(over, 413, "too_long")["error"]
     assert f"{MAX_WINDOWS} windows of {MAX_LENGTH} tokens" in error and "max_chunk_windows" in error, error
-    # the bound is the request's: two texts of 4 windows each are 8
-    four = text_of(CONTENT + 3 * STRIDE, seed=2)
-    both = client.post("/v1/documents/classify", json={"inputs": [four, four], "parameters": {"overflow": "chunk"}})
+    # the bound is the request's: two texts of 25 windows each are 50
+    half = text_of(CONTENT + 24 * STRIDE, seed=2)
+    both = client.post("/v1/documents/classify", json={"inputs": [half, half], "parameters": {"overflow": "chunk"}})
     assert "input 1 has" in assert_error(both, 413, "too_long")["error"]
     # far over it (a text of 2M characters): refused without being read whole
     huge = client.post("/embed", json={"inputs": "a " * 1_000_000, "overflow": "chunk"})
@@ -203,3 +206,35 @@ def test_overflow_truncate_is_truncate_true(client):
     word = post(client, "/v1/embed", {"inputs": long, "model": "cls", "parameters": {"overflow": "truncate"}})
     assert word.json() == flag.json() and "x-windows" not in word.headers
     assert_error(client.post("/v1/embed", json={"inputs": long, "model": "cls"}), 413, "too_long")
+
+
+def test_a_client_that_leaves_stops_the_compute_of_its_windows(server, client):
+    """Windows are the request's inputs on the batcher's queues: when the client goes, those still
+    queued are dropped before they cost compute (service/engine.py `_await`)."""
+
+    def scrape() -> dict:
+        return metric_samples(client.get("/metrics").text)
+
+    before = scrape()
+    document = text_of(CONTENT + (MAX_WINDOWS - 1) * STRIDE + 2, seed=9)  # 48 windows of 1,024: 3 batches of 16
+    body = {"inputs": document, "parameters": {"overflow": "chunk"}}
+
+    async def impatient():
+        async with httpx.AsyncClient(base_url=server.url, timeout=0.3) as c:
+            requests = (c.post("/v1/documents/classify", json=body) for _ in range(3))
+            return await asyncio.gather(*requests, return_exceptions=True)
+
+    outcomes = asyncio.run(impatient())
+    assert all(isinstance(o, httpx.TimeoutException) for o in outcomes), outcomes
+    deadline = time.perf_counter() + 60
+    while True:  # the lane drops the queued windows of the requests that left when it reaches them
+        time.sleep(0.2)
+        after = scrape()
+        idle = metric(after, "bigs_queue_depth", model="cls") == 0 and metric(after, "bigs_requests_in_flight") == 0
+        if idle or time.perf_counter() > deadline:
+            break
+    dropped = metric(after, "bigs_dropped_inputs_total", model="cls") - metric(
+        before, "bigs_dropped_inputs_total", model="cls"
+    )
+    computed = metric(after, "bigs_batch_size_sum", model="cls") - metric(before, "bigs_batch_size_sum", model="cls")
+    assert dropped > 0 and dropped + computed == 3 * MAX_WINDOWS, (dropped, computed)
