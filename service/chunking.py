@@ -29,7 +29,7 @@ The answer's `x-windows` header gives the windows read per input, comma-separate
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -44,7 +44,7 @@ class WindowPolicy:
 
     length: int
     max_windows: int
-    special_tokens: int = 2  # [CLS] and [SEP] around each window
+    special_tokens: int = 2  # around each window: [CLS] and [SEP] (what the tokenizer's template adds)
 
     @property
     def content(self) -> int:
@@ -123,6 +123,7 @@ def split_into_windows(tokenizer: RequestTokenizer, items: list, policy: WindowP
     without special tokens against the windows still left to the request; a text pair or token ids are
     one window, encoded as without chunking (TooLong past the window's length)."""
     framing = _framing(tokenizer)
+    policy = replace(policy, special_tokens=len(framing[0]) + len(framing[1]))  # [CLS] and [SEP] for BERT's
     encoded: list[Encoded] = []
     counts: list[int] = []
     left = policy.max_windows
