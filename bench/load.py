@@ -12,12 +12,16 @@ Runs bench/locustfile.py headless in a subprocess (locust monkey-patches with ge
     summary.json    the same numbers
     latency_vs_length.png   latency against input length, one colour per endpoint
 Exit status 1 when a request failed (unless --allow-failures) or nothing was measured.
+
+Needs the `load` extra (locust, matplotlib): `pip install -e ".[load]"` in a checkout. Without it the
+command stops before it starts anything, with one line saying so and status 1.
 """
 
 from __future__ import annotations
 
 import argparse
 import csv
+import importlib.util
 import json
 import os
 import re
@@ -304,8 +308,25 @@ def report(args: argparse.Namespace, locust_rc: int | None) -> int:
     return 0
 
 
+# What the load extra brings (pyproject.toml): locust runs the users, matplotlib draws the plot.
+LOAD_EXTRA = ("locust", "matplotlib")
+INSTALL_HINT = 'pip install -e ".[load]" in a checkout, or pip install "bigs-serving[load]"'
+
+
+def missing_dependencies(summarize_only: bool) -> list[str]:
+    """The load extra's modules this run needs and cannot import (--summarize-only only plots)."""
+    needed = ("matplotlib",) if summarize_only else LOAD_EXTRA
+    return [name for name in needed if importlib.util.find_spec(name) is None]
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
+    missing = missing_dependencies(args.summarize_only)
+    if missing:
+        # Before locust is started or a file is written: an empty summary would say nothing was
+        # measured when nothing was tried.
+        print(f"bigs bench load: needs {' and '.join(missing)} (the load extra): {INSTALL_HINT}", file=sys.stderr)
+        return 1
     args.host = args.host.rstrip("/")
     rc = None if args.summarize_only else run_locust(args)
     return report(args, rc)

@@ -5,7 +5,9 @@
 
 Scenarios are user classes:
     LongDocumentUser   one document of 2,000-4,096 tokens per request (/v1/documents/classify when a
-                       classification model is served, else /v1/embed), the service's reason to exist
+                       classification model is served, else /v1/embed), the service's reason to exist;
+                       one request in four a document of 2-4 times the model's length, read in
+                       windows ("overflow": "chunk"; named "<endpoint> chunked")
     MixedUser          mostly short requests (classify, embed, fill-mask; 8-512 tokens) with a long
                        document now and then: do long batches hold short ones back?
     FillMaskBurstUser  bursts of concurrent fill-mask requests (8-512 tokens), then a pause: the batcher
@@ -46,6 +48,7 @@ DEFAULT_VOCAB = REPO / "model" / "assets" / "bert-base-uncased-vocab.txt"
 # Length bands = the service's buckets: an input of 513-1,024 tokens runs in the 1,024 bucket.
 BAND_EDGES = (128, 256, 512, 1024, 2048, 4096, 8192)
 LONG_RANGE = (2000, 4096)
+CHUNKED_TIMES = (2, 4)  # chunked documents: 2-4 times the served model's length (8,192-16,384 at 4,096)
 POOL_SIZE = 48  # distinct texts per (kind, length range); requests draw from the pool
 SAMPLE_FIELDS = [
     "start_unix",
@@ -249,6 +252,8 @@ def _on_init(environment, **_):
     for task_name, card in Shared.models.items():  # the pools of the lengths the scenarios ask for
         for lo, hi in ((8, 128), (8, 256), (8, 512), (LONG_RANGE[0], LONG_RANGE[1])):
             texts(task_name, *capped(lo, hi, card["max_length"]), random.Random(0), mask=task_name == "fill-mask")
+        if task_name in ("classification", "embeddings"):
+            texts(task_name, *chunked_range(card["max_length"]), random.Random(0))
     print(f"locustfile: corpus of {Shared.corpus.n} tokens, text pools built in {time.perf_counter() - started:.1f} s; "
           f"serving {{task: model}} = { {t: c['id'] for t, c in Shared.models.items()} }")  # fmt: skip
 
@@ -300,6 +305,11 @@ def capped(lo: int, hi: int, max_length: int) -> tuple[int, int]:
     return min(lo, hi // 2), hi
 
 
+def chunked_range(max_length: int) -> tuple[int, int]:
+    """The lengths of the documents read in windows: past the model's length, CHUNKED_TIMES of it."""
+    return CHUNKED_TIMES[0] * max_length, CHUNKED_TIMES[1] * max_length
+
+
 def texts(kind: str, lo: int, hi: int, rng: random.Random, mask: bool = False) -> tuple[str, int]:
     """A text of lo..hi tokens from the pool of (kind, lo, hi), built on first use."""
     key = (kind, lo, hi, mask)
@@ -322,14 +332,21 @@ class BiGSUser(HttpUser):
         if not Shared.models:  # locust started without --host (the web UI asks for it later)
             Shared.models = _served_models(self.host.rstrip("/"), Shared.headers)
 
-    def post(self, endpoint: str, task_name: str, lo: int, hi: int, mask: bool = False, extra: dict | None = None):
-        """POST one input of lo..hi tokens (capped at the model's max) and check the answer's shape."""
+    def post(self, endpoint: str, task_name: str, lo: int, hi: int, mask: bool = False, extra: dict | None = None,
+             chunked: bool = False):  # fmt: skip
+        """POST one input of lo..hi tokens (capped at the model's max unless `chunked`: read in windows)
+        and check the answer's shape."""
         card = Shared.models[task_name]
-        lo, hi = capped(lo, hi, card["max_length"])
+        if chunked:
+            lo, hi = chunked_range(card["max_length"])
+            extra = {**(extra or {}), "parameters": {"overflow": "chunk"}}
+        else:
+            lo, hi = capped(lo, hi, card["max_length"])
         text, tokens = texts(task_name, lo, hi, self.rng, mask)
         body = {"inputs": text, "model": card["id"], **(extra or {})}
-        context = {"endpoint": endpoint, "band": band_of(tokens), "tokens": tokens}
-        name = f"{endpoint} {context['band']}"
+        label = f"{endpoint} chunked" if chunked else endpoint
+        context = {"endpoint": label, "band": band_of(tokens), "tokens": tokens}
+        name = f"{label} {context['band']}"
         with self.client.post(endpoint, json=body, name=name, context=context, headers=Shared.headers,
                               catch_response=True) as response:  # fmt: skip
             if response.status_code != 200:
@@ -339,11 +356,11 @@ class BiGSUser(HttpUser):
             if problem:
                 response.failure(problem)
 
-    def long_document(self):
+    def long_document(self, chunked: bool = False):
         if "classification" in Shared.models:
-            self.post("/v1/documents/classify", "classification", *LONG_RANGE)
+            self.post("/v1/documents/classify", "classification", *LONG_RANGE, chunked=chunked)
         else:
-            self.post("/v1/embed", "embeddings", *LONG_RANGE)
+            self.post("/v1/embed", "embeddings", *LONG_RANGE, chunked=chunked)
 
 
 def check_answer(task_name: str, body, card: dict) -> str | None:
@@ -362,13 +379,18 @@ def check_answer(task_name: str, body, card: dict) -> str | None:
 
 
 class LongDocumentUser(BiGSUser):
-    """Only long documents (2,000-4,096 tokens, capped at the model's max)."""
+    """Only long documents: 2,000-4,096 tokens (capped at the model's max) in one pass, and one request in
+    four 2-4 times the model's max, read in windows."""
 
     wait_time = between(0.2, 1.0)
 
-    @task
+    @task(3)
     def document(self):
         self.long_document()
+
+    @task(1)
+    def chunked_document(self):
+        self.long_document(chunked=True)
 
 
 class MixedUser(BiGSUser):

@@ -20,8 +20,9 @@ Everything between lives here, in the order a request meets it:
 The request's deadline (`request_timeout_s`) starts when the engine method is entered, and covers
 the tokenization too. Every method, `tokenize` and `decode` included, takes the same per-request
 bounds: `max_inputs_per_request` inputs, each at most the model's length (413 past it unless
-`truncate`; a text far over it counted from a prefix, service/tokenization.py), tokenized in a worker
-thread under the deadline (`_tokenizer_work`). Nothing a request sends is worked on at length on the
+`truncate`; a text far over it counted from a prefix, service/tokenization.py; embeddings and
+classification may instead read it in windows, `"overflow": "chunk"`, service/chunking.py), tokenized
+in a worker thread under the deadline (`_tokenizer_work`). Nothing a request sends is worked on at length on the
 event loop: CPU work that grows with the request runs in worker threads (large answers are built
 there too), and fill-mask answers are bounded (`max_fill_mask_candidates`).
 
@@ -45,6 +46,7 @@ from export.manifest import Manifest
 from .admission import Admission
 from .batcher import DeadlineExceeded, Job, ModelBatcher, RuntimeFailure
 from .buckets import bucket_for
+from .chunking import WindowPolicy, Windows, split_into_windows
 from .cpu_features import PrecisionChoice, precision_for_model
 from .errors import ServiceError
 from .metrics import ServiceMetrics
@@ -56,6 +58,7 @@ from .postprocess import (
     question_answers,
     token_entities,
 )
+from .prompts import Prompts
 from .runtimes import Runtime, load_runtime
 from .schemas import (
     ClassifyParameters,
@@ -86,6 +89,7 @@ class Answer:
 
     content: list
     jobs: list[Job]
+    windows: Windows | None = None  # the inputs were read in windows ("overflow": "chunk")
 
     @property
     def tokens(self) -> int:
@@ -94,12 +98,15 @@ class Answer:
 
     def headers(self, started: float) -> dict[str, str]:
         """The slowest input's queue and inference time, the total since `started`, tokens computed."""
-        return {
+        headers = {
             "x-queue-time": f"{max(j.queue_s for j in self.jobs) * 1000:.2f}",
             "x-inference-time": f"{max(j.inference_s for j in self.jobs) * 1000:.2f}",
             "x-total-time": f"{(time.perf_counter() - started) * 1000:.2f}",
             "x-compute-tokens": str(sum(j.compute_tokens for j in self.jobs)),
         }
+        if self.windows is not None:  # per input, the windows it was read in
+            headers["x-windows"] = self.windows.header
+        return headers
 
 
 class ModelEngine:
@@ -130,6 +137,7 @@ class ModelEngine:
         self.id2label = manifest.labels
         self.problem_type = _config_field(self.export_dir, "problem_type")
         self.tokenizer = RequestTokenizer(self.export_dir / "tokenizer.json", self.max_length)
+        self.prompts = Prompts.of(self.export_dir)  # sentence-transformers' named prompts, if the dir has them
         kind = runtime or settings.runtime
         if kind == settings.runtime:
             self.precision_choice = self._choose_precision(manifest)
@@ -246,13 +254,20 @@ class ModelEngine:
         deadline = self._deadline()
         self._check_count(items)
         limit = None if documents else min(self.settings.classify_max_length, self.max_length)
-        encoded = await self._encode(items, params.truncate, documents, limit, deadline)
+        windows = None
+        if params.overflow == "chunk":
+            windows = await self._encode_windows(items, limit or self.max_length, deadline)
+            encoded = windows.encoded
+        else:
+            encoded = await self._encode(items, params.truncate, documents, limit, deadline)
         with self._admit_tokens(encoded):
             jobs = self._submit("classification", encoded, deadline)
             outputs = await self._await(jobs, client_gone)
+        if windows is not None:
+            outputs = windows.pool_logits(outputs)
         function = params.function_to_apply or default_function(self.problem_type, len(self.id2label))
         return Answer(
-            [classification_scores(logits, self.id2label, function, params.top_k) for logits in outputs], jobs
+            [classification_scores(logits, self.id2label, function, params.top_k) for logits in outputs], jobs, windows
         )
 
     async def embed(
@@ -276,14 +291,20 @@ class ModelEngine:
             )
         deadline = self._deadline()
         self._check_count(texts)
-        encoded = await self._encode(texts, params.truncate, deadline=deadline)
+        texts = self.prompts.apply(texts, params.prompt_name)
+        windows = None
+        if params.overflow == "chunk":
+            windows = await self._encode_windows(texts, self.max_length, deadline)
+            encoded = windows.encoded
+        else:
+            encoded = await self._encode(texts, params.truncate, deadline=deadline)
         with self._admit_tokens(encoded):
             jobs = self._submit("embeddings", encoded, deadline)
             outputs = await self._await(jobs, client_gone)
-        vectors = np.stack(outputs)
+        vectors = np.stack(outputs) if windows is None else windows.pool_embeddings(outputs)
         if params.normalize:
             vectors = l2_normalize(vectors)
-        return Answer(vectors.tolist(), jobs)
+        return Answer(vectors.tolist(), jobs, windows)
 
     async def question_answering(
         self, items: list[tuple[str, str]], params: QuestionAnsweringParameters, client_gone: ClientGone
@@ -343,17 +364,29 @@ class ModelEngine:
             params = ClassifyParameters(function_to_apply=function, truncate=truncate)
             answer = await self.classify([(query, text) for text in texts], params, client_gone)
             return [labels[0]["score"] for labels in answer.content], answer
-        answer = await self.embed([query, *texts], EmbedParameters(normalize=True, truncate=truncate), client_gone)
+        return await self.similarity(query, texts, EmbedParameters(truncate=truncate), client_gone)
+
+    async def similarity(
+        self, source: str, texts: list[str], params: EmbedParameters, client_gone: ClientGone
+    ) -> tuple[list[float], Answer]:
+        """The cosine similarity of `source`'s embedding and each text's (TEI's /similarity), in the texts'
+        order: one request of 1 + len(texts) inputs, each embedding L2-normalised whatever `params` say."""
+        unit = params.model_copy(update={"normalize": True})
+        answer = await self.embed([source, *texts], unit, client_gone)
         vectors = np.asarray(answer.content)
         return (vectors[1:] @ vectors[0]).tolist(), answer
 
-    async def tokenize(self, texts: list[str], add_special_tokens: bool, truncate: bool) -> bytes:
-        """Per text, its tokens (TEI's /tokenize), as JSON. Bounded as a model input is: up to the model's
-        length, past it 413 unless `truncate` (a text far over it counted from a prefix); and the answer,
-        some 60 bytes a token, built and written in the tokenizer's worker thread, until the deadline."""
+    async def tokenize(
+        self, texts: list[str], add_special_tokens: bool, truncate: bool, prompt_name: str | None = None
+    ) -> bytes:
+        """Per text, its tokens (TEI's /tokenize), as JSON, the prompt included (service/prompts.py). Bounded
+        as a model input is: up to the model's length, past it 413 unless `truncate` (a text far over it
+        counted from a prefix); and the answer, some 60 bytes a token, built and written in the tokenizer's
+        worker thread, until the deadline."""
         note_model(self.name)
         deadline = self._deadline()
         self._check_count(texts)
+        texts = self.prompts.apply(texts, prompt_name)
         return await self._tokenizer_work(
             lambda: pydantic_core.to_json(self.tokenizer.tokens(texts, add_special_tokens, truncate)), deadline
         )
@@ -423,6 +456,16 @@ class ModelEngine:
             )
         self._observe_encoded(encoded, started)
         return encoded
+
+    async def _encode_windows(self, items: list, length: int, deadline: float) -> Windows:
+        """`_encode` for "overflow": "chunk": the inputs as windows of `length` tokens, at most
+        `max_chunk_windows` in all (service/chunking.py), in the same thread, deadline, errors and metrics."""
+        policy = WindowPolicy(length, self.settings.max_chunk_windows)
+        started = time.perf_counter()
+        with self.batcher.expecting():
+            windows = await self._tokenizer_work(lambda: split_into_windows(self.tokenizer, items, policy), deadline)
+        self._observe_encoded(windows.encoded, started)
+        return windows
 
     async def _encode_spans(self, items: list, truncate: bool, strategy: str, deadline: float) -> list[SpanEncoded]:
         """`_encode` for the per-token heads: the same thread, deadline, errors and metrics, with offsets kept."""

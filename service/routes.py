@@ -4,7 +4,7 @@ and shapes the answer in the wire format; the request's path between those lives
 
 Three wire formats over the same engine methods (docs/DESIGN.md §4.8): the Hugging Face Inference
 API's under /v1 (`api`), OpenAI's /v1/embeddings and /v1/models (`api`), and text-embeddings-
-inference's /embed, /predict, /rerank, /tokenize, /decode, /info and POST / (`tei`).
+inference's /embed, /predict, /rerank, /similarity, /tokenize, /decode, /info and POST / (`tei`).
 """
 
 from __future__ import annotations
@@ -47,6 +47,8 @@ from .schemas import (
     TEIPredictRequest,
     TEIRank,
     TEIRerankRequest,
+    TEISimilarityParameters,
+    TEISimilarityRequest,
     TEIToken,
     TEITokenizeRequest,
     TokenClassificationRequest,
@@ -233,7 +235,9 @@ async def embed(body: EmbedRequest, request: Request):
     description="OpenAI's `POST /v1/embeddings`: `input` a text, texts, token ids of this model's vocabulary "
     "(as /tokenize gives them, the whole input: [CLS] and [SEP] included) or lists of them; `encoding_format` "
     "float or base64 (little-endian float32); vectors are L2-normalised. `dimensions`: only the model's own "
-    "size (the embeddings are not trained to be shortened; another size is 400). Inputs are never truncated.",
+    "size (the embeddings are not trained to be shortened; another size is 400). A text longer than the model "
+    'is 413 unless `overflow` (this service\'s field, beside OpenAI\'s) is "truncate" or "chunk" (overlapping '
+    "windows, pooled; the x-windows header); token ids are never cut.",
     response_model=OpenAIEmbeddingsResponse,
     tags=["OpenAI"],
 )
@@ -242,7 +246,8 @@ async def openai_embeddings(body: OpenAIEmbeddingsRequest, request: Request):
     engine = service(request).engine_for(body.model, "embeddings")
     inputs = body.input
     items = [inputs] if isinstance(inputs, str) or isinstance(inputs[0], int) else list(inputs)
-    answer = await engine.embed(items, EmbedParameters(), watch_disconnect(request), body.dimensions)
+    params = EmbedParameters(overflow=body.overflow, prompt_name=body.prompt_name)
+    answer = await engine.embed(items, params, watch_disconnect(request), body.dimensions)
     if body.encoding_format == "base64":
         vectors = [base64.b64encode(np.asarray(v, "<f4").tobytes()).decode("ascii") for v in answer.content]
     else:
@@ -366,7 +371,7 @@ async def tei_embed(body: TEIEmbedRequest, request: Request):
 async def _tei_embed(engine, body: TEIEmbedRequest, request: Request) -> JSONResponse:
     started = time.perf_counter()
     items, _ = tei_items(body.inputs)
-    params = EmbedParameters(normalize=body.normalize, truncate=body.truncating)
+    params = EmbedParameters(normalize=body.normalize, overflow=body.overflow, prompt_name=body.prompt_name)
     answer = await engine.embed(items, params, watch_disconnect(request), body.dimensions)
     return Answered(answer.content, headers=answer.headers(started))  # one vector per input, always
 
@@ -389,7 +394,7 @@ async def _tei_predict(engine, body: TEIPredictRequest, request: Request) -> JSO
     one = isinstance(inputs, str) or isinstance(inputs[0], str)  # a text, or one pair
     items = [inputs] if one else inputs
     pairs = [item if isinstance(item, str) else item[0] if len(item) == 1 else (item[0], item[1]) for item in items]
-    params = ClassifyParameters(function_to_apply="none" if body.raw_scores else None, truncate=body.truncating)
+    params = ClassifyParameters(function_to_apply="none" if body.raw_scores else None, overflow=body.overflow)
     answer = await engine.classify(pairs, params, watch_disconnect(request))
     return respond(answer, not one, started)
 
@@ -417,6 +422,25 @@ async def tei_rerank(body: TEIRerankRequest, request: Request):
 
 
 @tei.post(
+    "/similarity",
+    summary="Cosine similarity of a sentence to others (TEI)",
+    description="`{inputs: {source_sentence, sentences}, parameters?: {truncate, prompt_name}}` → one cosine "
+    "similarity per sentence, in their order, of the mean-pooled, L2-normalised embeddings from the model "
+    "`/embed` uses (the Inference API's sentence-similarity: `InferenceClient.sentence_similarity`).",
+    response_model=list[float],
+)
+async def tei_similarity(body: TEISimilarityRequest, request: Request):
+    started = time.perf_counter()
+    engine = service(request).engine_for(None, "embeddings")
+    given = body.parameters or TEISimilarityParameters()
+    params = EmbedParameters(truncate=given.truncating, prompt_name=given.prompt_name)
+    scores, answer = await engine.similarity(
+        body.inputs.source_sentence, body.inputs.sentences, params, watch_disconnect(request)
+    )
+    return Answered(scores, headers=answer.headers(started))
+
+
+@tei.post(
     "/tokenize",
     summary="Tokenize texts (TEI)",
     description="Per text, its tokens `{id, text, special, start, stop}`. Texts are bounded as the model's "
@@ -427,7 +451,7 @@ async def tei_rerank(body: TEIRerankRequest, request: Request):
 async def tei_tokenize(body: TEITokenizeRequest, request: Request):
     texts, _ = tei_items(body.inputs)
     engine = service(request).default_engine()
-    return Written(await engine.tokenize(texts, body.add_special_tokens, body.truncating))
+    return Written(await engine.tokenize(texts, body.add_special_tokens, body.truncating, body.prompt_name))
 
 
 @tei.post(

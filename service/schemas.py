@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, field_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, field_validator, model_validator
 
 # The most items a list of inputs may have before validation stops: a ceiling far above
 # `max_inputs_per_request` (default 64, the limit that applies, answered by the engine), so raising
@@ -57,6 +57,32 @@ def _text_or_texts(value: str | list[str]) -> str | list[str]:
     for text in items:
         _not_blank(text)
     return value
+
+
+# What an input longer than the model gets (embeddings and classification): "error" 413, "truncate" cut
+# at the model's length (what `truncate: true` has always meant), "chunk" read in overlapping windows
+# whose results are pooled (service/chunking.py). Default: "truncate" when `truncate` is true, else "error".
+Overflow = Literal["error", "truncate", "chunk"]
+OVERFLOW_DESCRIPTION = (
+    'an input longer than the model: "error" (413), "truncate" (cut at the model\'s length; the same as '
+    '"truncate": true), or "chunk" (read in overlapping windows of the model\'s length, their results pooled: '
+    "embeddings by token-weighted mean, classification by the mean of the logits; the x-windows header says how "
+    'many windows each input took). Default: "truncate" when truncate is true, else "error"'
+)
+
+
+def overflow_field():
+    # x-heaviest: the choice that costs the service the most (tests/largest_requests.py sends it)
+    return Field(None, description=OVERFLOW_DESCRIPTION, json_schema_extra={"x-heaviest": "chunk"})
+
+
+def resolve_overflow(truncate: bool | None, overflow: Overflow | None) -> Overflow:
+    """The one policy `truncate` and `overflow` give together; a contradiction is a ValueError (422)."""
+    if overflow is None:
+        return "truncate" if truncate else "error"
+    if truncate and overflow != "truncate":
+        raise ValueError(f'truncate: true cuts long inputs, overflow "{overflow}" does not: give one of them')
+    return overflow
 
 
 class TextPair(_Body):
@@ -103,6 +129,13 @@ class ClassifyParameters(_Body):
         None, description="default: sigmoid for multi-label or single-output models, else softmax"
     )
     truncate: StrictBool = Field(False, description="cut inputs longer than the model instead of answering 413")
+    overflow: Overflow | None = overflow_field()
+
+    @model_validator(mode="after")
+    def one_policy(self):
+        self.overflow = resolve_overflow(self.truncate, self.overflow)
+        self.truncate = self.overflow == "truncate"
+        return self
 
 
 ClassifyInput = str | TextPair
@@ -130,9 +163,24 @@ class DocumentClassifyRequest(ClassifyRequest):
     `text_pair` is an optional short query placed after the document."""
 
 
+PROMPT_NAME_DESCRIPTION = (
+    "put this prompt of the model before each text (sentence-transformers' `prompts` in the model dir's "
+    "config_sentence_transformers.json); default: its `default_prompt_name`, if any; a name it has not is 422"
+)
+PromptName = Annotated[str, Field(max_length=MAX_TARGET_CHARS)]
+
+
 class EmbedParameters(_Body):
     normalize: StrictBool = Field(True, description="L2-normalise each embedding")
+    prompt_name: PromptName | None = Field(None, description=PROMPT_NAME_DESCRIPTION)
     truncate: StrictBool = Field(False, description="cut inputs longer than the model instead of answering 413")
+    overflow: Overflow | None = overflow_field()
+
+    @model_validator(mode="after")
+    def one_policy(self):
+        self.overflow = resolve_overflow(self.truncate, self.overflow)
+        self.truncate = self.overflow == "truncate"
+        return self
 
 
 class EmbedRequest(_Body):
@@ -303,6 +351,10 @@ class OpenAIEmbeddingsRequest(BaseModel):
         None, ge=1, description="only the model's own size: its embeddings are not trained to be cut"
     )
     user: str | None = None
+    prompt_name: PromptName | None = Field(None, description=PROMPT_NAME_DESCRIPTION)
+    overflow: Overflow = Field(
+        "error", description=OVERFLOW_DESCRIPTION.split(". Default")[0], json_schema_extra={"x-heaviest": "chunk"}
+    )
 
     @field_validator("input")
     @classmethod
@@ -345,6 +397,17 @@ class _TEIBody(_Body):
         return bool(self.truncate)
 
 
+class _TEIOverflow(_TEIBody):
+    """TEI's /embed and /predict, with this service's `overflow` besides TEI's `truncate`."""
+
+    overflow: Overflow | None = overflow_field()
+
+    @model_validator(mode="after")
+    def one_policy(self):
+        self.overflow = resolve_overflow(self.truncate, self.overflow)
+        return self
+
+
 TEIInput = str | TokenIds
 TEIInputs = TEIInput | Annotated[list[TEIInput], Field(min_length=1, max_length=MAX_LIST_INPUTS)]
 
@@ -355,14 +418,14 @@ def _check_texts(items) -> None:
             _not_blank(item)
 
 
-class TEIEmbedRequest(_TEIBody):
+class TEIEmbedRequest(_TEIOverflow):
     model_config = ConfigDict(
         extra="forbid", json_schema_extra={"examples": [{"inputs": ["the cat sat", "a dog ran"], "normalize": True}]}
     )
 
     inputs: TEIInputs
     normalize: StrictBool = True
-    prompt_name: None = Field(None, description="no prompts are configured: leave it out")
+    prompt_name: PromptName | None = Field(None, description=PROMPT_NAME_DESCRIPTION)
     dimensions: StrictInt | None = Field(None, ge=1, description="only the model's own size")
 
     @field_validator("inputs")
@@ -387,7 +450,7 @@ NonBlank = Annotated[str, Field(min_length=1)]
 PredictPair = Annotated[list[str], Field(min_length=1, max_length=2)]
 
 
-class TEIPredictRequest(_TEIBody):
+class TEIPredictRequest(_TEIOverflow):
     model_config = ConfigDict(
         extra="forbid",
         json_schema_extra={
@@ -441,6 +504,41 @@ class TEIRerankRequest(_TEIBody):
         return value
 
 
+class TEISimilarityInput(_Body):
+    source_sentence: str
+    sentences: Annotated[list[str], Field(min_length=1, max_length=MAX_LIST_INPUTS)]
+
+    @field_validator("source_sentence")
+    @classmethod
+    def check_source(cls, value):
+        return _not_blank(value)
+
+    @field_validator("sentences")
+    @classmethod
+    def check_sentences(cls, value):
+        _check_texts(value)
+        return value
+
+
+class TEISimilarityParameters(_TEIBody):
+    prompt_name: PromptName | None = Field(None, description=PROMPT_NAME_DESCRIPTION)
+
+
+class TEISimilarityRequest(_Body):
+    """TEI's /similarity (and the Inference API's sentence-similarity): the cosine similarity of the
+    source sentence's embedding and each sentence's."""
+
+    model_config = ConfigDict(
+        extra="forbid",
+        json_schema_extra={
+            "examples": [{"inputs": {"source_sentence": "a cat sat", "sentences": ["a dog ran", "the cat sat"]}}]
+        },
+    )
+
+    inputs: TEISimilarityInput
+    parameters: TEISimilarityParameters | None = None
+
+
 class TEIRank(BaseModel):
     index: int
     score: float
@@ -455,7 +553,7 @@ class TEITokenizeRequest(_TEIBody):
 
     inputs: str | Annotated[list[str], Field(min_length=1, max_length=MAX_LIST_INPUTS)]
     add_special_tokens: StrictBool = True
-    prompt_name: None = Field(None, description="no prompts are configured: leave it out")
+    prompt_name: PromptName | None = Field(None, description=PROMPT_NAME_DESCRIPTION)
 
     @field_validator("inputs")
     @classmethod

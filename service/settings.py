@@ -167,6 +167,14 @@ class ServiceSettings(BaseSettings):
         "its whole filled-in sequence); past that, 422",
     )
 
+    max_chunk_windows: int = Field(
+        64,
+        ge=1,
+        description='windows one request with "overflow": "chunk" may read, all its inputs together (each of the '
+        "route's maximum length, overlapping by an eighth; service/chunking.py): as many positions as 64 inputs "
+        "of the longest bucket, one document of ~230,000 tokens at 4,096; past that, 413",
+    )
+
     @field_validator("models", "cors_origins", "open_paths", "startup_phases", mode="before")
     @classmethod
     def split_words(cls, value):

@@ -295,7 +295,10 @@ class RequestTokenizer:
         step = self.scan_chars(limit)
         counted = 0
         for k, start in enumerate(range(0, len(text), step), 1):
-            counted += len(self.plain.encode(text[start : start + step], add_special_tokens=False).ids)
+            # encode_batch, not encode: it releases the GIL (a step is 2 × limit characters: with a chunked
+            # request's limit, hundreds of thousands, which `encode` tokenized holding the event loop)
+            (piece,) = self.plain.encode_batch([text[start : start + step]], add_special_tokens=False)
+            counted += len(piece.ids)
             if counted - 4 * self.max_word_chars * k > limit:
                 return start + step
         return None

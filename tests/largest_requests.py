@@ -35,6 +35,7 @@ JSON = {"content-type": "application/json"}
 METHODS = ("get", "post", "put", "patch", "delete")
 
 Make = Callable[[int, bool], object]  # make(budget, heavy): a value of about `budget` bytes of JSON
+HEAVIEST = "x-heaviest"  # as `heavy`: only the properties a schema marks "x-heaviest" set to that value
 
 
 class Unfillable(Exception):
@@ -97,6 +98,11 @@ class Bodies:
                     heavy = json.dumps(self.at_limit(make, True)).encode()
                     if heavy != plain:
                         yield Case(method, path, f"{label}, heavy", heavy)
+                    # the choices a schema marks as the costliest ("x-heaviest", e.g. overflow "chunk"),
+                    # switches left at their defaults (truncate would contradict them)
+                    costliest = json.dumps(self.at_limit(make, HEAVIEST)).encode()
+                    if costliest != plain:
+                        yield Case(method, path, f"{label}, x-heaviest", costliest)
         except Unfillable as error:
             raise Unfillable(f"{where}: {error}") from None
 
@@ -168,6 +174,16 @@ class Bodies:
     def _base(self, schema: dict, heavy: bool) -> dict:
         props = schema.get("properties", {})
         value = {p: self.minimal(props[p], p, heavy) for p in schema.get("required", [])}
+        if heavy == HEAVIEST:
+            for prop, prop_schema in props.items():
+                resolved = self.resolve(prop_schema)
+                if HEAVIEST in resolved:
+                    value[prop] = resolved[HEAVIEST]
+                elif self.kinds(resolved) & {"object"} or "properties" in resolved:
+                    inner = self.minimal(resolved, prop, heavy=HEAVIEST)
+                    if inner:
+                        value[prop] = inner
+            return value
         if not heavy:
             return value
         for prop, prop_schema in props.items():

@@ -4,8 +4,9 @@ and the text-embeddings-inference (TEI) routes over plain HTTP; the OpenAPI docu
 
 One server for the module, on the tiny exported models of tests/service_fixtures.py, serving
 "cls" (3-label classifier + embeddings) first and "fill" (fill-mask + embeddings) second: so the
-TEI routes' default model (/tokenize, /decode, /info, POST /) is "cls", /embed uses "cls" (the first
-with embeddings) and /rerank, with no single-label classifier served, scores by cosine similarity.
+TEI routes' default model (/tokenize, /decode, /info, POST /) is "cls", /embed and /similarity use "cls"
+(the first with embeddings) and /rerank, with no single-label classifier served, scores by cosine
+similarity. Named prompts (sentence-transformers' config) have a server of their own.
 """
 
 from __future__ import annotations
@@ -138,6 +139,69 @@ def test_inference_client_feature_extraction_against_tei_embed(server, http):
     # the client sends TEI's parameters at the top level
     raw = client.feature_extraction(TEXTS[1], normalize=False, truncate=True, truncation_direction="Right")
     np.testing.assert_allclose(raw[0], service_vectors(http, TEXTS[1:2], normalize=False)[0], atol=1e-5)
+
+
+def test_inference_client_sentence_similarity_against_tei_similarity(server, http):
+    """The client posts {"inputs": {"source_sentence", "sentences"}, "parameters": {}} to its base URL."""
+    client = InferenceClient(base_url=f"{server.url}/similarity")
+    want = service_vectors(http, TEXTS)
+    got = client.sentence_similarity(TEXTS[0], other_sentences=TEXTS[1:])
+    np.testing.assert_allclose(got, want[1:] @ want[0], atol=1e-5)
+    # TEI's own body, with its parameters: the source against itself is 1
+    body = {"inputs": {"source_sentence": TEXTS[0], "sentences": TEXTS}, "parameters": {"truncate": True}}
+    answer = http.post("/similarity", json=body)
+    assert answer.status_code == 200 and "x-total-time" in answer.headers
+    np.testing.assert_allclose(answer.json(), want @ want[0], atol=1e-5)
+    assert abs(answer.json()[0] - 1) < 1e-5
+
+
+PROMPTS = {"prompts": {"query": "query: ", "document": ""}, "default_prompt_name": "query"}
+
+
+@pytest.fixture(scope="module")
+def prompted(exports, logs, tmp_path_factory):
+    """The classifier's export dir with sentence-transformers' prompts (default "query"), served alone."""
+    import json
+    import shutil
+
+    model = tmp_path_factory.mktemp("prompted") / "cls"
+    shutil.copytree(exports["cls"], model)
+    (model / "config_sentence_transformers.json").write_text(json.dumps(PROMPTS))
+    s = Server({"cls": model}, logs, "prompted")
+    s.wait_ready()
+    yield s
+    s.stop()
+
+
+def test_prompt_name_puts_the_models_prompt_before_each_text_on_every_embedding_route(prompted):
+    with httpx.Client(base_url=prompted.url, timeout=60) as http:
+
+        def embed(text: str, **parameters) -> np.ndarray:
+            body = {"inputs": [text], "model": "cls", "parameters": parameters}
+            return np.asarray(http.post("/v1/embed", json=body).json()["embeddings"])
+
+        as_given = embed("query: a cat sat", prompt_name="document")  # the empty prompt: the text as given
+        np.testing.assert_allclose(embed("a cat sat", prompt_name="query"), as_given, atol=1e-6)
+        # no prompt_name: the default prompt ("query"), as sentence-transformers' encode does
+        np.testing.assert_allclose(embed("a cat sat"), as_given, atol=1e-6)
+        assert not np.allclose(embed("a cat sat", prompt_name="document"), as_given, atol=1e-3)
+        # TEI's /embed through InferenceClient.feature_extraction, OpenAI's through the openai client
+        tei = InferenceClient(base_url=f"{prompted.url}/embed").feature_extraction("a cat sat", prompt_name="query")
+        np.testing.assert_allclose(tei, as_given, atol=1e-6)
+        oai = openai.OpenAI(base_url=f"{prompted.url}/v1", api_key="unused", max_retries=0)
+        got = oai.embeddings.create(model="cls", input="a cat sat", encoding_format="float",
+                                    extra_body={"prompt_name": "query"})  # fmt: skip
+        np.testing.assert_allclose([got.data[0].embedding], as_given, atol=1e-6)
+        similarity = {"inputs": {"source_sentence": "query: a cat sat", "sentences": ["a cat sat"]},
+                      "parameters": {"prompt_name": "query"}}  # fmt: skip
+        assert http.post("/similarity", json=similarity).json()[0] < 1 - 1e-4  # "query: query: a cat sat" vs ...
+        tokens = http.post("/tokenize", json={"inputs": "a cat", "prompt_name": "query"}).json()[0]
+        assert [t["text"] for t in tokens[1:6]] == ["query", ":", "a", "cat", "[SEP]"]
+        # a name the model has no prompt of: 422 naming those it has
+        for path, bad in (("/embed", {"inputs": "a cat", "prompt_name": "passage"}),
+                          ("/v1/embeddings", {"model": "cls", "input": "a cat", "prompt_name": "passage"})):  # fmt: skip
+            error = assert_error(http.post(path, json=bad), 422, "validation")["error"]
+            assert "'passage'" in error and "['document', 'query']" in error, error
 
 
 # -- TEI routes --------------------------------------------------------------------------------

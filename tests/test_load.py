@@ -22,7 +22,7 @@ import pytest
 from service_fixtures import ROOT, Server, _clean_env, _tail
 
 # Not importorskip: importing locust monkey-patches this process with gevent.
-pytestmark = pytest.mark.skipif(importlib.util.find_spec("locust") is None, reason="needs the load extra (locust)")
+needs_locust = pytest.mark.skipif(importlib.util.find_spec("locust") is None, reason="needs the load extra (locust)")
 
 BUCKETS = "128,512,1024"
 
@@ -57,6 +57,26 @@ def tiny_exports(tmp_path_factory) -> dict[str, Path]:
     return _export_tiny(tmp_path_factory.mktemp("load-models"))
 
 
+def test_load_without_locust_stops_at_once_with_one_line_saying_what_to_install(tmp_path):
+    """A fresh clone has no load extra: `bigs bench load` must say so, not run and write an empty summary."""
+    out = tmp_path / "load"
+    # None in sys.modules makes `import locust` (and find_spec) fail in this process as if not installed.
+    script = (
+        "import sys; sys.modules['locust'] = None; import bigs_cli; "
+        f"bigs_cli.main(['bench', 'load', '--scenario', 'long', '--duration', '1s', '--out', {str(out)!r}])"
+    )
+    run = subprocess.run([sys.executable, "-c", script], cwd=ROOT, env=_clean_env(), capture_output=True, text=True,
+                         timeout=120)  # fmt: skip
+    assert run.returncode == 1, run.stdout + run.stderr
+    assert run.stdout == ""
+    assert run.stderr.splitlines() == [
+        'bigs bench load: needs locust (the load extra): pip install -e ".[load]" in a checkout, '
+        'or pip install "bigs-serving[load]"'
+    ]
+    assert not out.exists(), "nothing may be written when nothing was run"
+
+
+@needs_locust
 @pytest.mark.slow
 def test_bounded_mixed_load_has_no_failures_and_writes_the_report(tiny_exports, tmp_path):
     server = Server({"fill": tiny_exports["mlm"], "cls": tiny_exports["cls"]}, tmp_path, "load")
