@@ -283,7 +283,7 @@ async def benchmark(args: argparse.Namespace, corpus: Corpus) -> dict:
         "warm_up": args.warm_up,
         "rounds": args.rounds,
         "texts_per_request": args.texts_per_request,
-        "tokenizer": args.tokenizer or "BERT uncased WordPiece (model/assets)",
+        "tokenizer": args.tokenizer or "the BERT uncased WordPiece (model/assets)",
     }
     return {"meta": meta, "cells": rows}
 
@@ -304,8 +304,8 @@ def markdown(result: dict) -> str:
         f"{when}; {meta['cpu']}, {meta['cores']} cores. Ours: `{meta['ours']['model']}` at {meta['ours']['route']}; "
         f"peer: `{meta['peer']['model']}` at {meta['peer']['route']}. {meta['rounds']} interleaved rounds of "
         f"{meta['seconds']:g} s per cell and server (after {meta['warm_up']:g} s of warm-up), "
-        f"{meta['texts_per_request']} text(s) per request, the same texts for both: real English cut to the "
-        f"length in tokens ({meta['tokenizer']}, [CLS] and [SEP] included). Requests/s: the median of the rounds; "
+        f"{meta['texts_per_request']} text(s) per request, the same texts for both: real English cut to each "
+        f"length in tokens of {meta['tokenizer']}, [CLS] and [SEP] included. Requests/s: the median of the rounds; "
         "latency in ms, the client's, over every answered request.",
         "",
         "| texts | concurrency | ours req/s | peer req/s | ours / peer | ours p50 | peer p50 | ours p99 | peer p99 |",
