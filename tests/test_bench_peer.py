@@ -1,7 +1,8 @@
 """`bigs bench peer` end to end against two real `bigs serve` processes (the tiny exported classifier of
 tests/service_fixtures.py, which also embeds), one standing in for the peer: a few seconds of
 interleaved closed-loop load at two lengths and two concurrencies, the table and its JSON checked;
-then a peer that is down and a peer that refuses the requests, each an error line and exit status 2.
+then a peer that is down and a peer that refuses the requests, each an error line and exit status 2;
+and a peer stopped halfway through the run, whose failures are listed under the table (exit status 1).
 """
 
 from __future__ import annotations
@@ -91,3 +92,35 @@ def test_a_peer_that_refuses_the_requests_is_reported_with_its_answer(two_server
     assert run.returncode == 2, run.stdout + run.stderr
     line = run.stderr.strip().splitlines()[-1]
     assert line.startswith("bigs bench peer: cannot measure peer (") and "HTTP 4" in line, run.stderr
+
+
+def test_a_peer_that_fails_during_the_run_is_listed_under_the_table_and_the_exit_status_is_1(exports, logs, tmp_path):
+    ours = Server({"embedder": exports["cls"]}, logs, "peer-bench-ours-2")
+    peer = Server({"embedder": exports["cls"]}, logs, "peer-bench-dying")
+    out = tmp_path / "peer"
+    try:
+        ours.wait_ready()
+        peer.wait_ready()
+        command = [sys.executable, "-m", "bigs_cli", "bench", "peer", "--ours", ours.url, "--peer", peer.url,
+                   "--concurrency", "1", "--lengths", "125", "--seconds", "1", "--warm-up", "0.1",
+                   "--rounds", "4", "--out", str(out)]  # fmt: skip
+        bench = subprocess.Popen(command, cwd=ROOT, env=_clean_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                 text=True)  # fmt: skip
+        seen = []
+        for line in bench.stderr:  # the peer's first round measured: now it goes away
+            seen.append(line)
+            if line.startswith("round 1/4") and ", peer:" in line:
+                break
+        peer.stop()
+        stdout, stderr = bench.communicate(timeout=120)
+    finally:
+        ours.stop()
+        peer.stop()
+    assert bench.returncode == 1, "".join(seen) + stderr
+    (cell,) = json.loads((out / "peer.json").read_text())["cells"]
+    assert cell["ours"]["failures"] == 0 and cell["peer"]["failures"] > 0, cell
+    rates = cell["peer"]["rounds_requests_per_s"]  # (while it drains, round 2 may still get some answers)
+    assert rates[0] > 0 and rates[-1] == 0 and min(cell["ours"]["rounds_requests_per_s"]) > 0, cell
+    table = (out / "peer.md").read_text()
+    assert "**Failed requests**" in table and f"- peer, ~{cell['tokens_median']} tokens, c=1: " in table, table
+    assert table in stdout
