@@ -9,6 +9,7 @@ bigs convert flax-to-torch CKPT.msgpack CONFIG.json OUT_DIR        published Fla
 bigs convert torch-to-flax ARTIFACT_DIR OUT.msgpack                artifact dir → Flax params
 bigs bench torch-forward [--lengths 512 4096]                      torch eager latency
 bigs bench load [--host URL --users N --duration 60s --scenario long|mixed|fill-mask --out DIR]
+bigs bench peer --ours URL --peer URL [--concurrency 1,32 --lengths 125,420]   embeddings against a peer server
 bigs bench soak [--host URL --duration 600 --fraction 0.7 --out DIR]   steady load at a fraction of capacity, RSS sampled
 bigs bench memory --model NAME=EXPORT_DIR …                         resident memory: shared arena vs one per session
 bigs bench precision EXPORT_DIR [--buckets 128,512,4096 --quantize]     fp32, int8 and bf16 variants side by side
@@ -56,6 +57,7 @@ BENCHMARKS = {
     "warm-up": "bench.warm_up",
     "long-documents": "bench.long_documents",
     "emulated-cpu": "bench.emulated_cpu",
+    "peer": "bench.peer",
 }
 
 

@@ -2,6 +2,8 @@
 
     torch_forward.py       `bigs bench torch-forward`: SSM formulations in torch eager
     load.py, locustfile.py `bigs bench load`: locust, headless, against a running service
+    peer.py                `bigs bench peer`: our service against a peer embedding server, OpenAI route
+    text_corpus.py         real English cut to exact token counts: the request texts of the above
     export_latency.py      ORT per bucket beside torch eager; memory of shared weights (a script)
     service_throughput.py  batching on and off, 4,096-token documents (a script)
     precision.py           `bigs bench precision`: fp32, int8 and bf16 variants of an export dir side by side

@@ -15,8 +15,9 @@ Scenarios are user classes:
 Text is real English, not repeated words: paragraphs of the Python standard library's docstrings (or
 the files given by --text-file / BIGS_LOAD_TEXT), cut at word boundaries to an exact token count
 measured with the model's tokenizer (--tokenizer / BIGS_LOAD_TOKENIZER: a tokenizer.json; default the
-BERT uncased vocab in model/assets, which is what the models use). Lengths are capped at the served
-model's maximum (GET /v1/models), so a 1,024-token model gets "long" documents of 512-1,024 tokens.
+BERT uncased vocab in model/assets, which is what the models use): bench/text_corpus.py. Lengths are
+capped at the served model's maximum (GET /v1/models), so a 1,024-token model gets "long" documents
+of 512-1,024 tokens.
 
 Each request is named "<endpoint> [<lo>-<hi>]" by the length band of its input (the service's
 buckets), so locust's own statistics split by length too, and every request is also written as one
@@ -26,14 +27,10 @@ BIGS_LOAD_SAMPLES, from which bench/load.py draws the summary and the latency-ag
 
 from __future__ import annotations
 
-import bisect
 import csv
-import importlib
-import inspect
 import json
 import os
 import random
-import re
 import time
 import urllib.request
 import zlib
@@ -41,13 +38,11 @@ from pathlib import Path
 
 import gevent
 from locust import HttpUser, between, events, task
-
-REPO = Path(__file__).resolve().parents[1]
-DEFAULT_VOCAB = REPO / "model" / "assets" / "bert-base-uncased-vocab.txt"
+from text_corpus import Corpus, load_tokenizer, stdlib_docstrings  # locust puts this file's folder on sys.path
 
 # Length bands = the service's buckets: an input of 513-1,024 tokens runs in the 1,024 bucket.
 BAND_EDGES = (128, 256, 512, 1024, 2048, 4096, 8192)
-LONG_RANGE = (2000, 4096)
+LONG_RANGE = (2000, 4096)  # the corpus holds two of the longest (text_corpus.MIN_TOKENS)
 CHUNKED_TIMES = (2, 4)  # chunked documents: 2-4 times the served model's length (8,192-16,384 at 4,096)
 POOL_SIZE = 48  # distinct texts per (kind, length range); requests draw from the pool
 SAMPLE_FIELDS = [
@@ -63,19 +58,6 @@ SAMPLE_FIELDS = [
     "inference_ms",
     "error",
 ]
-
-# Standard-library modules whose docstrings make the default corpus: prose about many topics.
-CORPUS_MODULES = (
-    "argparse asyncio.events asyncio.tasks base64 bisect calendar collections configparser contextlib copy "
-    "csv datetime decimal difflib email.message email.utils enum fractions ftplib functools getopt gettext "
-    "glob gzip hashlib heapq hmac html.parser http.client http.cookiejar http.server imaplib inspect "
-    "io ipaddress itertools json locale logging logging.handlers mailbox mimetypes multiprocessing.pool "
-    "netrc numbers operator optparse os pathlib pickle pickletools pkgutil platform poplib pprint "
-    "queue random re sched secrets selectors shelve shlex shutil smtplib socket socketserver sqlite3 "
-    "ssl statistics string struct subprocess tarfile tempfile textwrap threading timeit tokenize trace "
-    "traceback turtle typing unittest.case unittest.mock urllib.parse urllib.request uuid warnings wave "
-    "weakref xml.dom.minidom xml.etree.ElementTree zipfile zoneinfo"
-)
 
 
 @events.init_command_line_parser.add_listener
@@ -97,104 +79,6 @@ def band_of(tokens: int) -> str:
 
 
 # -- text ------------------------------------------------------------------------------------------
-
-
-def _paragraphs(text: str) -> list[str]:
-    """Prose paragraphs: blank-line separated, at least 8 words, mostly letters (no code, no tables)."""
-    out = []
-    for block in re.split(r"\n\s*\n", text):
-        lines = [line.strip() for line in block.splitlines()]
-        if any(line.startswith((">>>", "...", "$", "|", "+-", "==")) for line in lines):
-            continue
-        para = " ".join(line for line in lines if line)
-        words = para.split()
-        if len(words) < 8:
-            continue
-        letters = sum(c.isalpha() or c.isspace() for c in para)
-        if letters / len(para) >= 0.85:
-            out.append(para)
-    return out
-
-
-def stdlib_docstrings() -> str:
-    """The docstrings of CORPUS_MODULES and their public classes, functions and methods, in a fixed order."""
-    docs, seen = [], set()
-    for name in CORPUS_MODULES.split():
-        try:
-            module = importlib.import_module(name)
-        except Exception:  # not every module is in every Python build (turtle needs tkinter)
-            continue
-        objects = [module] + [v for k, v in sorted(vars(module).items()) if not k.startswith("_")]
-        for obj in objects:
-            members = [obj]
-            if inspect.isclass(obj):
-                members += [v for k, v in sorted(vars(obj).items()) if not k.startswith("_")]
-            for member in members:
-                doc = inspect.getdoc(member) if callable(member) or inspect.ismodule(member) else None
-                if doc and doc not in seen:
-                    seen.add(doc)
-                    docs.append(doc)
-    return "\n\n".join(docs)
-
-
-def load_tokenizer(path: str):
-    from tokenizers import Tokenizer
-    from tokenizers.implementations import BertWordPieceTokenizer
-
-    if path:
-        tokenizer = Tokenizer.from_file(path)
-    elif DEFAULT_VOCAB.is_file():
-        tokenizer = BertWordPieceTokenizer(str(DEFAULT_VOCAB), lowercase=True)
-    else:
-        raise SystemExit(f"no tokenizer: pass --tokenizer TOKENIZER_JSON (no {DEFAULT_VOCAB})")
-    tokenizer.no_truncation()
-    tokenizer.no_padding()
-    return tokenizer
-
-
-class Corpus:
-    """Real text cut to exact token counts: one long token stream, sliced at word starts."""
-
-    def __init__(self, tokenizer, text: str, seed: int = 0):
-        self.tokenizer = tokenizer
-        paragraphs = _paragraphs(text)
-        random.Random(seed).shuffle(paragraphs)  # neighbouring slices come from unrelated modules
-        self.text = "\n\n".join(paragraphs)
-        enc = tokenizer.encode(self.text, add_special_tokens=False)
-        self.offsets = enc.offsets
-        words = enc.word_ids
-        # word starts: a token whose word differs from the previous one (a cut there splits no word)
-        self.starts = [i for i in range(len(words)) if i == 0 or words[i] != words[i - 1]]
-        self.is_start = set(self.starts)
-        single = [i for i in self.starts if i + 1 >= len(words) or words[i + 1] != words[i]]
-        tokens = enc.tokens  # (each property access builds a new list)
-        self.maskable = [i for i in single if tokens[i].isalpha() and len(tokens[i]) > 2]
-        self.n = len(words)
-        if self.n < LONG_RANGE[1] * 2:
-            raise SystemExit(f"the text corpus has {self.n} tokens: too few for {LONG_RANGE[1]}-token documents")
-
-    def length(self, text: str) -> int:
-        return len(self.tokenizer.encode(text).ids)  # with [CLS] and [SEP], as the service counts
-
-    def document(self, tokens: int, rng: random.Random, mask: bool = False) -> tuple[str, int]:
-        """A text of `tokens` tokens with [CLS]/[SEP] (a few fewer where a cut would split a word);
-        with `mask`, one whole-word token replaced by [MASK]. Returns (text, measured length)."""
-        body = max(1, tokens - 2)
-        first = bisect.bisect_left(self.starts, rng.randrange(max(1, self.n - body)))
-        start = self.starts[min(first, len(self.starts) - 1)]
-        end = min(start + body, self.n)
-        while end < self.n and end not in self.is_start and end > start + 1:
-            end -= 1
-        a, b = self.offsets[start][0], self.offsets[end - 1][1]
-        text = self.text[a:b]
-        if mask:
-            lo, hi = bisect.bisect_left(self.maskable, start), bisect.bisect_left(self.maskable, end)
-            if hi > lo:
-                i = self.maskable[rng.randrange(lo, hi)]
-                text = text[: self.offsets[i][0] - a] + "[MASK]" + text[self.offsets[i][1] - a :]
-            else:
-                text += " [MASK]"
-        return text, self.length(text)
 
 
 # -- shared state: the corpus, the served models, the samples file --------------------------------

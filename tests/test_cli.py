@@ -181,7 +181,8 @@ def wheel(tmp_path_factory) -> Path:
 @pytest.mark.slow
 def test_the_wheel_carries_the_benchmarks_and_their_assets(wheel):
     names = set(zipfile.ZipFile(wheel).namelist())
-    for module in ("bench/__init__.py", "bench/load.py", "bench/locustfile.py", "bench/torch_forward.py"):
+    for module in ("bench/__init__.py", "bench/load.py", "bench/locustfile.py", "bench/torch_forward.py",
+                   "bench/text_corpus.py", "bench/peer.py"):  # fmt: skip
         assert module in names, module
     assert "model/assets/bert-base-uncased-vocab.txt" in names
     assert "export/assets/gate_text.txt" in names  # the accuracy gate's real text (export/gate.py)
