@@ -320,7 +320,8 @@ def plan_int8(
     `ExportOptions.int8_floor`; None: the model dir's), its record appended to `searched`, then each bucket by
     its `Int8Plan`. Without the tokenizer the gate needs (`variants_to_write` asks for int8 only with one), the
     default recipe at every bucket."""
-    from .onnx import Int8Recipe, default_int8
+    from .int8_recipe import Int8Recipe
+    from .onnx import default_int8
 
     if not (out_dir / "tokenizer.json").is_file():
         return default_int8

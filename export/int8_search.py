@@ -1,6 +1,6 @@
 """Which weight products the int8 variant leaves in fp32: an accuracy-aware search on the gate's text.
 
-Dynamic int8 (export/onnx.py `Int8Recipe`) quantizes each product's activations with one range per
+Dynamic int8 (export/int8_recipe.py `Int8Recipe`) quantizes each product's activations with one range per
 tensor. In a BiGS block two products read a gated activation (an elementwise product of two
 branches, the FFN's down projection among them): their rows carry outliers, and a single range for the
 whole tensor rounds the rest of it coarsely. Quantizing everything, the defaults missed the gate
@@ -19,7 +19,7 @@ to 512 (32 sequences a bucket; fewer beyond):
    activation per input channel, and one pass of as many batches at each other search bucket the
    same there; s_j = max|x_j|^α / max|W_j|^(1−α) (α = `SMOOTHING_ALPHA`) moves the outlier channels'
    range into the weights, (x / s)·(s W), exact in fp32. The int8 graph then computes a Mul by 1/s
-   before each smoothed product (export/onnx.py `smooth_products`), and the ranking is measured again
+   before each smoothed product (export/int8_recipe.py `smooth_products`), and the ranking is measured again
    with it. On bigs-mini-news the largest simulated error fell from 0.093 to 0.028, the gated
    products' from 0.038–0.093 to 0.022–0.032. Two calibrations, because neither is better for every
    model: the largest activations grow with length (bigs-mini: up to 25x larger at 512 tokens than at
@@ -96,6 +96,7 @@ from onnx import numpy_helper
 
 from .gate import RunBatch, gate_batches, measure_gate, ort_runner, remembered
 from .heads import primary_head
+from .int8_recipe import Int8Recipe, copy_graph, weight_products, write_int8_graph
 from .manifest import (
     BucketTry,
     Fp32Product,
@@ -105,7 +106,6 @@ from .manifest import (
     LeverGate,
     LongBucketProducts,
 )
-from .onnx import Int8Recipe, copy_graph, weight_products, write_int8_graph
 
 RANKING_BATCHES = 4  # of the gate's batches at the first search bucket: 16 sequences
 SECOND_SEARCH_BUCKET_MAX = 512  # the second bucket gated: the longest up to this (module docstring)
@@ -113,7 +113,7 @@ SMOOTHING_ALPHA = 0.5  # SmoothQuant's: the range split evenly between activatio
 # Products left in fp32 after the all-int8 tries: those whose error is above these fractions of the largest
 EXCLUSION_STEPS = (1 / 2, 1 / 4, 1 / 8)
 REFINE_TRIES = 2  # halvings between the last failing and the first passing count
-# Step 4's levers, in order, each on top of the chosen recipe (export/onnx.py `Int8Recipe`): the first to pass is
+# Step 4's levers, in order, each on top of the chosen recipe (export/int8_recipe.py `Int8Recipe`): the first to pass is
 # kept. GELU's tanh form was one until each GELU read its product's bias (export/int8_graph.py): since, the exact
 # GELU is as fast (docs/BENCHMARKS.md), so the tanh form would cost accuracy and buy nothing.
 LEVER_TRIES = ({"ssm_convolutions": True},)
@@ -595,7 +595,7 @@ _INT8_GRAPH = "{bucket}.int8.opt.onnx"  # a try's graph of one bucket, in its ow
 
 
 def _int8_runner(graph: Path, bucket: int, recipe: Int8Recipe, work: Path) -> RunBatch:
-    """`graph` quantized by `recipe` and optimised as export writes it (export/onnx.py), on ORT; written to
+    """`graph` quantized by `recipe` and optimised as export writes it (export/int8_recipe.py `write_int8_graph`), on ORT; written to
     `work` (`_INT8_GRAPH`)."""
     optimized = work / _INT8_GRAPH.format(bucket=bucket)
     write_int8_graph(graph, optimized, recipe)

@@ -280,7 +280,7 @@ class Int8Search(_Section):
     # (`long_buckets`, step 5; `levers_at`)
     ssm_convolutions: bool = False
     gelu_approximation: bool = False
-    # the SSM convolutions' inputs quantized signed (export/onnx.py `signed_convolution_inputs`): their products
+    # the SSM convolutions' inputs quantized signed (export/int8_recipe.py `signed_convolution_inputs`): their products
     # u8·s8 of an 8-bit constant, exact only where the CPU sums int8 products in int32 (VNNI, AMX-INT8), so
     # written only on such a CPU; False: ORT's unsigned inputs (u8·u8, exact everywhere)
     ssm_inputs_signed: bool = False
