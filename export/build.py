@@ -27,10 +27,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from model.hub import DENSE_DIR, read_dense, write_hub_files
+from model.hub import DENSE_DIR, read_dense
 
 from . import parity
 from .heads import LABELLED_ARCHITECTURES, heads_for
+from .hub_files import write_hub_files
 from .integrity import file_table, source_table
 from .manifest import (
     INT8_FLOOR_FILE,
