@@ -39,7 +39,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from .heads import Head
 
@@ -290,9 +290,6 @@ class Int8Search(_Section):
     # step 6: at a longer bucket where the levers failed, the graph without them gated, and more products left
     # in fp32 there while it fails ({} where no longer bucket needed it, or in a dir written before)
     long_products: dict[int, LongBucketProducts] = Field(default_factory=dict)
-    # in this process only, never written: the products in the chosen try's ranking order (export/int8_search.py
-    # `RankedProduct`), from which step 6 takes more at a longer bucket
-    _ranking: list = PrivateAttr(default_factory=list)
     # the exact rewrites every graph was written with (export/int8_graph.py; False in a dir written before them):
     # each GELU after an int8 product reads it with its bias added, and the smoothing factors a LayerNorm or a
     # gate's linear can take are there rather than in a Mul

@@ -7,8 +7,8 @@ Per bucket (fixed L, dynamic batch), shortest first:
   3. finished: its weights into onnx/weights.bin, shared by every graph (export/graph_writing.py);
   4. with int8 asked for, its int8 twin, quantized from the finished fp32 graph (export/int8_recipe.py
      `write_int8_graph`) by the plan the int8 search makes once the graphs of its buckets are written
-     (export/int8_search.py `plan_int8`, from what export/build.py decided: `Int8Request`), the default
-     recipe without one; the buckets written before the plan are quantized then.
+     (export/int8_search.py `plan_int8`, from what export/build.py decided and passed in: `Int8Request`),
+     by the default recipe without one; the buckets written before the plan are quantized then.
 """
 
 from __future__ import annotations
@@ -16,29 +16,34 @@ from __future__ import annotations
 import os
 import tempfile
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
 from .graph_writing import WEIGHTS_FILE, WeightsFileWriter, finish_graph
 from .int8_recipe import Int8Recipe, write_int8_graph
-from .int8_search import search_buckets
-from .manifest import OnnxSection
+from .int8_search import Int8Plan, Int8Request, plan_int8, search_buckets
+from .manifest import Int8Search, OnnxSection
 from .modules import SentenceEmbedding, formulation_for
 from .ort_optimization import OFFLINE_OPTIMIZATION_LEVEL, SESSION_OPTIONS, ort_optimize
 from .tracing import opset_for, torch_to_onnx, traced_ahead
 
 # Writes one bucket's int8 graph: (length, its finished fp32 graph, where to write the int8 one)
 WriteInt8 = Callable[[int, Path, Path], None]
-# What decides the int8 graphs: called once, with the finished fp32 graphs of the buckets it searches at
-# ({bucket: graph}: export/int8_search.py `search_buckets`); answers how every bucket's graph is written
-# (export/int8_search.py `Int8Plan.write`)
-PlanInt8 = Callable[[dict[int, Path]], WriteInt8]
 
 
 def default_int8(length: int, fp32_graph: Path, dst: Path) -> None:
     """Every weight product int8 by the default recipe, at every bucket: where no search runs (no tokenizer)."""
     write_int8_graph(fp32_graph, dst, Int8Recipe())
+
+
+@dataclass(frozen=True)
+class OnnxExport:
+    """`export_onnx`'s answer: the manifest's onnx section, and the int8 search's record where one ran."""
+
+    section: OnnxSection
+    int8_search: Int8Search | None = None
 
 
 def export_onnx(
@@ -48,14 +53,15 @@ def export_onnx(
     quantize: str | None = None,
     embedding: SentenceEmbedding | None = None,
     done: Callable[[int], object] | None = None,
-    plan_int8: PlanInt8 | None = None,
-) -> OnnxSection:
+    int8: Int8Request | None = None,
+) -> OnnxExport:
     """Export every bucket into `onnx_dir`; returns the manifest's onnx section (files relative to
-    the export dir; hashes and parity are added by the caller). `embedding`: as for `torch_to_onnx`.
-    `done(bucket)` is called as each bucket's graphs are written (the export's progress lines).
-    With `quantize="int8"`, each bucket's int8 twin is quantized from its finished fp32 graph by the
-    recipe `plan_int8` returns once the graphs of the buckets it searches at are written (the default
-    recipe without it); the buckets before that are quantized then."""
+    the export dir; hashes and parity are added by the caller) and the int8 search's record.
+    `embedding`: as for `torch_to_onnx`. `done(bucket)` is called as each bucket's graphs are written
+    (the export's progress lines). With `quantize="int8"`, each bucket's int8 twin is quantized from its
+    finished fp32 graph by the plan the int8 search makes from `int8` (export/int8_search.py `plan_int8`)
+    once the graphs of the buckets it searches at are written, by the default recipe without `int8`; the
+    buckets before that are quantized then."""
     onnx_dir.mkdir(parents=True, exist_ok=True)
     weights = WeightsFileWriter(onnx_dir / WEIGHTS_FILE)
     section = {
@@ -66,6 +72,7 @@ def export_onnx(
         "buckets": {},
     }
     write_int8: WriteInt8 | None = None
+    plan: Int8Plan | None = None  # the int8 search's, once it has run
     searched_at = search_buckets(buckets)
     pending: list[int] = []  # buckets whose fp32 graph is written, waiting for the int8 recipe
     longer = [b for b in sorted(buckets) if b > max(searched_at)]  # traced in a child meanwhile (export/tracing.py)
@@ -110,10 +117,11 @@ def export_onnx(
             pending.append(length)
             if write_int8 is None and set(searched_at) <= set(pending):
                 graphs = {b: onnx_dir / f"{b}.onnx" for b in searched_at}
-                write_int8 = plan_int8(graphs) if plan_int8 else default_int8
+                plan = plan_int8(int8, graphs) if int8 is not None else None
+                write_int8 = plan.write if plan is not None else default_int8
             if write_int8 is not None:
                 for waiting in pending:
                     quantize_bucket(waiting)
                 pending.clear()
     section["weights"] = weights.tensors
-    return OnnxSection.model_validate(section)
+    return OnnxExport(OnnxSection.model_validate(section), plan.record if plan is not None else None)

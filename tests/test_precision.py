@@ -1476,7 +1476,7 @@ def test_the_search_leaves_the_products_of_largest_int8_error_in_fp32_until_the_
 
     recorded = manifest.precisions["int8"].search.tries[0].gate  # everything int8, default thresholds
     strict = halfway_to_1(recorded.embedding_cosine_min)
-    _, search, _ = search_int8(graphs, tokenizer, head, strict)
+    search = search_int8(graphs, tokenizer, head, strict).record
     # everything int8 unsmoothed first, then everything int8 smoothed with the first bucket's factors
     assert [(t.calibrated_at, t.fp32_products) for t in search.tries[:2]] == [([], 0), ([128], 0)]
     assert not search.tries[0].passed and not search.tries[0].smoothed and search.tries[1].smoothed
@@ -1485,7 +1485,8 @@ def test_the_search_leaves_the_products_of_largest_int8_error_in_fp32_until_the_
     for _ in range(3):
         all_int8 = [t.gate.embedding_cosine_min for t in search.tries if t.smoothed and t.fp32_products == 0]
         bar = halfway_to_1(max(all_int8), at_least=bar.embedding_cosine_min)
-        recipe, search, _ = search_int8(graphs, tokenizer, head, bar)
+        found = search_int8(graphs, tokenizer, head, bar)
+        recipe, search = found.recipe, found.record
         if search.fp32:
             break
 
@@ -1607,8 +1608,8 @@ def test_when_no_try_passes_the_search_says_so_and_auto_never_serves_the_variant
     export_dir = variant_exports["mlm"]
     manifest = read_manifest(export_dir)
     impossible = GateThresholds(embedding_cosine_min=1.5)  # no graph but fp32 itself reaches it
-    _, search, _ = search_int8({128: export_dir / manifest.onnx.graph(128).file}, tokenizer,
-                            primary_head(manifest.model.architecture), impossible)  # fmt: skip
+    search = search_int8({128: export_dir / manifest.onnx.graph(128).file}, tokenizer,
+                         primary_head(manifest.model.architecture), impossible).record  # fmt: skip
     assert not search.passed and not any(t.passed for t in search.tries) and len(search.tries) <= MAX_TRIES
     assert all("still failed" in product.why for product in search.fp32)
 
@@ -1982,7 +1983,8 @@ def test_the_search_buckets_int8_graphs_are_written_as_the_search_gated_them_not
     graphs = {b: export_dir / manifest.onnx.graph(b).file for b in search_buckets(manifest.buckets)}
     head = primary_head(manifest.model.architecture)
     (tmp_path / "kept").mkdir()
-    recipe, record, kept = search_int8(graphs, tokenizer, head, GateThresholds(), keep=tmp_path / "kept")
+    found = search_int8(graphs, tokenizer, head, GateThresholds(), keep=tmp_path / "kept")
+    recipe, record, kept = found.recipe, found.record, found.kept
     assert record.passed and sorted(kept) == sorted(graphs)
     for bucket, graph in graphs.items():
         write_int8_graph(graph, tmp_path / f"fresh-{bucket}.onnx", recipe)
@@ -2028,8 +2030,9 @@ def test_a_longer_bucket_whose_gate_fails_leaves_more_products_in_fp32_there_alo
     manifest = read_manifest(export_dir)
     graphs = {b: export_dir / manifest.onnx.graph(b).file for b in search_buckets(manifest.buckets)}
     head, long = primary_head(manifest.model.architecture), 1024
-    recipe, record, _ = search_int8(graphs, tokenizer, head, GateThresholds())
-    ranking, chosen = record._ranking, len(record.fp32)
+    found = search_int8(graphs, tokenizer, head, GateThresholds())
+    recipe, record = found.recipe, found.record
+    ranking, chosen = found.ranking, len(record.fp32)
     most = max(c for c in exclusion_counts(ranking) if c > chosen)
     fp32_graph = export_dir / manifest.onnx.graph(long).file
     reference = remembered(ort_runner({long: _session(fp32_graph)}))
@@ -2043,7 +2046,7 @@ def test_a_longer_bucket_whose_gate_fails_leaves_more_products_in_fp32_there_alo
     few, many = cosine(chosen), cosine(most)
     assert many > few, (few, many)  # more products in fp32, closer to fp32's answers
     bar = GateThresholds(embedding_cosine_min=(few + many) / 2, classification_agreement_min=0.0)
-    plan = Int8Plan(recipe, record, tokenizer, head, bar)
+    plan = Int8Plan(recipe, record, tokenizer, head, bar, ranking=ranking)
     plan.write(long, fp32_graph, tmp_path / f"{long}.int8.onnx")
 
     assert not record.long_buckets[long].passed  # the levers first, refused by the bar
