@@ -64,6 +64,7 @@ BENCHMARKS = {
 def cmd_init(args: argparse.Namespace) -> None:
     import torch
 
+    from export.hub_files import write_hub_files
     from model import (
         BiGSConfig,
         BiGSForMaskedLM,
@@ -71,7 +72,7 @@ def cmd_init(args: argparse.Namespace) -> None:
         BiGSForSequenceClassification,
         BiGSForTokenClassification,
     )
-    from model.hub import TRAINING_CARD, write_hub_files
+    from model.hub import TRAINING_CARD
     from model.tokenizer import save_tokenizer
 
     labels = args.labels.split(",") if args.labels else None
@@ -177,8 +178,8 @@ def cmd_convert(args: argparse.Namespace) -> None:
     from model.convert import flax_to_torch, load_flax_msgpack, save_torch_safetensors, torch_to_flax
 
     if args.direction == "flax-to-torch":
+        from export.hub_files import write_hub_files
         from model import BiGSConfig
-        from model.hub import write_hub_files
         from model.tokenizer import save_tokenizer
 
         out = Path(args.destination)
@@ -274,7 +275,7 @@ def cmd_export(args: argparse.Namespace) -> None:
 
 
 def cmd_hub_files(args: argparse.Namespace) -> None:
-    from model.hub import write_hub_files
+    from export.hub_files import write_hub_files
 
     for directory in args.dirs:
         if not (Path(directory) / "config.json").is_file():

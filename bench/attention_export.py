@@ -36,9 +36,10 @@ def main(argv: list[str] | None = None) -> int:
     import onnxruntime as ort
     import torch
 
-    import export.onnx as export_onnx
+    import export.tracing as tracing
     from export.cpu import cpu_description
     from export.modules import formulation_for
+    from export.ort_optimization import ort_optimize
     from model import BiGSConfig, BiGSForMaskedLM
 
     lengths = [int(x) for x in args.lengths.split(",")]
@@ -50,22 +51,22 @@ def main(argv: list[str] | None = None) -> int:
     model = BiGSForMaskedLM(config).eval()
     cpu = cpu_description()
     print(f"{cpu}, {args.threads} threads; d=256, 4 layers, 4 heads, batch 1, 1/4 padded")
-    forms = {"op-by-op (opset 20)": export_onnx.ONNX_OPSET, "Attention (opset 23)": export_onnx.ATTENTION_OPSET}
+    forms = {"op-by-op (opset 20)": tracing.ONNX_OPSET, "Attention (opset 23)": tracing.ATTENTION_OPSET}
     with tempfile.TemporaryDirectory() as tmp:
         for length in lengths:
             sessions = {}
             for name, opset in forms.items():
-                export_onnx.ATTENTION_OPSET = opset  # what opset_for() gives an attention model
+                tracing.ATTENTION_OPSET = opset  # what opset_for() gives an attention model
                 raw, optimized = Path(tmp) / f"{length}-{opset}.onnx", Path(tmp) / f"{length}-{opset}.opt.onnx"
-                export_onnx.torch_to_onnx(model, length, formulation_for(length), raw)
-                export_onnx.ort_optimize(raw, optimized)
+                tracing.torch_to_onnx(model, length, formulation_for(length), raw)
+                ort_optimize(raw, optimized)
                 ops = Counter(n.op_type for n in onnx.load(str(optimized)).graph.node)
                 print(f"  L={length} {name}: Attention {ops.get('Attention', 0)}, Softmax {ops.get('Softmax', 0)}")
                 options = ort.SessionOptions()
                 options.intra_op_num_threads = args.threads
                 options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
                 sessions[name] = ort.InferenceSession(str(optimized), options, providers=["CPUExecutionProvider"])
-            export_onnx.ATTENTION_OPSET = forms["Attention (opset 23)"]
+            tracing.ATTENTION_OPSET = forms["Attention (opset 23)"]
             rng = np.random.default_rng(length)
             mask = np.ones((1, length), np.int64)
             mask[0, 3 * length // 4 :] = 0

@@ -9,7 +9,7 @@ dense-FLOP floor, and the service's batching on against off. Writes its sections
    bf16 where OpenVINO is installed and runs bf16 on this CPU), and a random-init transformers
    `BertForMaskedLM` of the same width, depth and vocabulary (heads of 64, FFN 4d, SDPA attention at
    opset 23: one ONNX `Attention` node per layer, as the project exports its own attention rows)
-   exported the same way: the same `torch.onnx.export` call (`export.onnx.dynamo_export`), the same
+   exported the same way: the same `torch.onnx.export` call (`export.tracing.dynamo_export`), the same
    ORT offline optimisation, the same int8 quantisation, the same session options. Both graphs
    compute the same outputs: fill-mask logits at the mask positions and the mean-pooled embedding.
 2. Latency (batch 1 and 8, every length, every precision both have), BiGS and BERT alternating so
@@ -205,7 +205,7 @@ class BertFillMaskExport:
 
 
 def _bert_int8(src: Path, dst: Path) -> None:
-    from export.onnx import quantize_int8
+    from export.int8_recipe import quantize_int8
 
     quantize_int8(src, dst)
 
@@ -229,14 +229,9 @@ def build_bert(plan: Plan, variants: list[Variant], log: Callable[[str], None]) 
     import torch
     from transformers import BertConfig, BertForMaskedLM
 
-    from export.onnx import (
-        ATTENTION_OPSET,
-        WeightsFileWriter,
-        dynamo_export,
-        example_inputs,
-        finish_graph,
-        ort_optimize,
-    )
+    from export.graph_writing import WeightsFileWriter, finish_graph
+    from export.ort_optimization import ort_optimize
+    from export.tracing import ATTENTION_OPSET, dynamo_export, example_inputs
 
     out = plan.work_dir / "bert-export"
     wanted = list(dict.fromkeys(["fp32", *(v.graphs for v in bert_variants_of(variants))]))  # graph files

@@ -260,7 +260,7 @@ def _matmul_graph(a_shape: tuple[int, ...], b_shape: tuple[int, ...], b_constant
 
 
 def _quantize_int8(src: Path, dst: Path) -> None:
-    from export.onnx import quantize_int8
+    from export.int8_recipe import quantize_int8
 
     quantize_int8(src, dst)
 

@@ -11,7 +11,7 @@ Candidates (those the dir and this install have):
     ort-int8          ONNX Runtime, the dir's int8 graphs (what `precision=int8` serves; since the int8
                       search, 7-bit weights with the products the search chose left in fp32)
     with --quantize, each int8 method tried for the int8 variant, quantized here from the dir's fp32 graphs
-    into a temporary dir (`METHODS`; SSM convolutions kept fp32 as in export/onnx.py, ORT's optimisations
+    into a temporary dir (`METHODS`; SSM convolutions kept fp32 as in export/int8_recipe.py, ORT's optimisations
     on at load):
     ort-int8-dyn-channel     dynamic, every weight product, weights 8-bit per channel (export before the search)
     ort-int8-dyn-channel-rr  the same, 7-bit weights (reduce_range: exact products on CPUs without VNNI)
@@ -26,7 +26,7 @@ Candidates (those the dir and this install have):
                              chunked form's constants beyond): each constant uint8, the input quantized per call
                              to uint8 as ORT does (u8·u8 products)
     ort-int8-ssm-signed      the same, the convolutions' inputs quantized signed (u8·s8 products, the same
-                             answers; export/onnx.py `signed_convolution_inputs`): what export writes where the
+                             answers; export/int8_recipe.py `signed_convolution_inputs`): what export writes where the
                              CPU sums int8 products in int32 (VNNI, AMX)
     ort-int8-ssm-signed-tanh-gelu  the same with GELU in its tanh form (ORT's GeluApproximation): a lever of the
                              search until the exact rewrites below made the erf GELU as fast
@@ -99,9 +99,9 @@ Make = Callable[[Path, Path, list[dict[str, np.ndarray]]], None]
 
 
 def _methods() -> dict[str, Make]:
-    """Every int8 method tried for the int8 variant, by its column's name (export/onnx.py does the work)."""
+    """Every int8 method tried for the int8 variant, by its column's name (export/int8_recipe.py does the work)."""
+    from export.int8_recipe import Int8Recipe, quantize_int8, quantize_int8_blockwise, quantize_int8_static
     from export.int8_search import RANKING_BATCHES, rank_products
-    from export.onnx import Int8Recipe, quantize_int8, quantize_int8_blockwise, quantize_int8_static
 
     eight_bit = Int8Recipe(reduce_range=False)
 
@@ -120,7 +120,7 @@ def _methods() -> dict[str, Make]:
     }
 
 
-# The levers on the fp32 remainder (export/onnx.py `Int8Recipe`, the search's step 4), each combination set on
+# The levers on the fp32 remainder (export/int8_recipe.py `Int8Recipe`, the search's step 4), each combination set on
 # the recipe the dir's own int8 graphs were made with (export/int8_search.py `export_recipe`: the same weight
 # products and smoothing) and written as export writes a graph: one of these columns is ort-int8 made again,
 # the others differ from it by the levers alone. Its column → the recipe's fields it sets
@@ -328,8 +328,8 @@ def add_levers(
     import onnxruntime as ort
 
     from export.gate import ORT_SPIN_WAIT
+    from export.int8_recipe import write_int8_graph
     from export.int8_search import export_recipe
-    from export.onnx import write_int8_graph
     from export.onnx_runtime import session_options
 
     recipe = export_recipe(export_dir, manifest, tokenizer)

@@ -21,16 +21,16 @@ read through `from_pretrained` (torch) and the safetensors keys (Flax).
 from __future__ import annotations
 
 import shutil
-import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from model.hub import DENSE_DIR, read_dense, write_hub_files
+from model.hub import DENSE_DIR, read_dense
 
 from . import parity
 from .heads import LABELLED_ARCHITECTURES, heads_for
+from .hub_files import write_hub_files
 from .integrity import file_table, source_table
 from .manifest import (
     INT8_FLOOR_FILE,
@@ -51,7 +51,7 @@ from .progress import Job, silent
 from .verify import DEFAULT_TOLERANCE
 
 if TYPE_CHECKING:
-    from .onnx import WriteInt8
+    from .int8_search import Int8Request
 
 DEFAULT_BUCKETS = (128, 256, 512, 1024, 2048, 4096)
 # what export writes without --precisions on this machine: `default_precisions`
@@ -257,6 +257,7 @@ def export_artifact(
         manifest.refused.pop("int8", None)
 
     precisions = variants_to_write(options, manifest.tokenizer, manifest.refused)
+    searched: Int8Search | None = None  # the int8 search's record, once it has run (at the first buckets)
     if "onnx" in options.formats:
         from .onnx import export_onnx
 
@@ -264,16 +265,16 @@ def export_artifact(
         onnx_lines = job.stage(len(buckets))
         graphs = " + int8" if quantize else ""  # int8 is quantized from each bucket's graph
         onnx_done = lambda b: onnx_lines.step(f"onnx bucket {b}{graphs}")
-        searched: list[Int8Search] = []  # the int8 search's record, once it has run (at the first bucket)
-        manifest.onnx = export_onnx(
+        exported = export_onnx(
             model,
             buckets,
             out_dir / "onnx",
             quantize=quantize,
             embedding=embedding,
             done=onnx_done,
-            plan_int8=lambda graphs: plan_int8(out_dir, manifest, graphs, job, searched, options.int8_floor),
+            int8=int8_request(out_dir, manifest, job, options.int8_floor) if quantize else None,
         )
+        manifest.onnx, searched = exported.section, exported.int8_search
     if "stablehlo" in options.formats:
         from model.convert import load_torch_safetensors
 
@@ -303,53 +304,33 @@ def export_artifact(
     if precisions:
         from .gate import measure_variants
 
-        already = {"int8": searched[0].gated_graphs()} if searched else {}
+        already = {"int8": searched.gated_graphs()} if searched else {}
         measure_variants(out_dir, manifest, precisions, job=job, already=already)
         if "int8" in manifest.precisions and searched:
-            manifest.precisions["int8"].search = searched[0]
+            manifest.precisions["int8"].search = searched
     record_hashes(manifest, out_dir)
     manifest.write(out_dir)
     return manifest
 
 
-def plan_int8(
-    out_dir: Path, manifest: Manifest, graphs: dict[int, Path], job: Job, searched: list, floor: int | None = None
-) -> WriteInt8:
-    """How this export writes its int8 graphs (`export_onnx`'s `plan_int8`): the accuracy-aware search on the
-    finished fp32 graphs of the buckets it searches at (export/int8_search.py), from the int8 floor (`floor`,
-    `ExportOptions.int8_floor`; None: the model dir's), its record appended to `searched`, then each bucket by
-    its `Int8Plan`. Without the tokenizer the gate needs (`variants_to_write` asks for int8 only with one), the
-    default recipe at every bucket."""
-    from .onnx import Int8Recipe, default_int8
-
+def int8_request(out_dir: Path, manifest: Manifest, job: Job, floor: int | None = None) -> Int8Request | None:
+    """What this export's int8 search is given (export/int8_search.py `Int8Request`, run by `export_onnx` once the
+    fp32 graphs of the buckets it searches at are written): the gate's tokenizer and head, the recipe for this
+    CPU, and the int8 floor (`floor`, `ExportOptions.int8_floor`; None: the model dir's). None without the
+    tokenizer the gate needs (`variants_to_write` asks for int8 only with one): the default recipe at every
+    bucket."""
     if not (out_dir / "tokenizer.json").is_file():
-        return default_int8
+        return None
     from tokenizers import Tokenizer
 
     from .cpu import has_exact_int8_products
-    from .gate import GateThresholds
     from .heads import primary_head
-    from .int8_search import MAX_TRIES, Int8Plan, search_int8
+    from .int8_recipe import Int8Recipe
+    from .int8_search import Int8Request
 
     tokenizer = Tokenizer.from_file(str(out_dir / "tokenizer.json"))
     tokenizer.no_truncation()
     tokenizer.no_padding()
-    # a line before the ranking and the first try: the first a service shows of a background export
-    at = ", ".join(map(str, graphs))
-    job.emit(f"{job.name}: int8 search at buckets {at}: ranking the weight products by their int8 error")
-    lines = job.stage(MAX_TRIES)  # at most: the search stops early where it can
-    smoothed = lambda buckets: f", smoothed (factors from {', '.join(map(str, buckets))})" if buckets else ""
-    levers = lambda t: "".join(
-        text
-        for on, text in ((t.ssm_convolutions, ", SSM convolutions int8"), (t.gelu_approximation, ", tanh GELU"))
-        if on
-    )
-    done = lambda t: lines.step(
-        f"int8 search at {at}: {t.fp32_products} products fp32{smoothed(t.calibrated_at)}{levers(t)}, "
-        f"gate {'passed' if t.passed else 'FAILED'}"
-    )
-    head = primary_head(manifest.model.architecture)
-    workspace = tempfile.TemporaryDirectory(prefix="bigs-int8-searched-")  # removed with the plan
     # the SSM convolutions' inputs signed (u8·s8, faster) only where this CPU's int8 sums cannot saturate
     recipe = Int8Recipe(ssm_signed_inputs=has_exact_int8_products())
     if floor is not None:
@@ -357,23 +338,8 @@ def plan_int8(
     else:  # the export dir holds the artifact's copy (`copy_artifact`)
         model_floor = read_int8_floor(out_dir)
         floor, floor_why = (0, None) if model_floor is None else (model_floor.fp32_products, model_floor.why())
-    recipe, record, searched_graphs = search_int8(
-        graphs, tokenizer, head, GateThresholds(), recipe, done=done, keep=Path(workspace.name),
-        floor=floor, floor_why=floor_why,
-    )  # fmt: skip
-    searched.append(record)
-    long_bucket = lambda bucket, tried: job.emit(
-        f"{job.name}: int8 at bucket {bucket}{levers(tried)}: gate {'passed, kept' if tried.passed else 'FAILED'}"
-        + ("" if tried.passed else ", written without them")
-    )
-    more_products = lambda bucket, tried: job.emit(
-        f"{job.name}: int8 at bucket {bucket} without the levers, {tried.fp32_products} products fp32: gate "
-        + ("passed, kept" if tried.passed else "FAILED")
-    )
-    return Int8Plan(
-        recipe, record, tokenizer, head, GateThresholds(), long_bucket, searched_graphs, workspace=workspace,
-        done_more=more_products,
-    ).write  # fmt: skip
+    head = primary_head(manifest.model.architecture)
+    return Int8Request(tokenizer, head, recipe, floor, floor_why, job=job)
 
 
 def describe_artifact(

@@ -193,7 +193,7 @@ VARIANT_HOW = {
     "with its bias added, and the smoothing factors a LayerNorm or a gate's linear can take folded there "
     "(`search.biases_in_products`, `search.smoothing_folded`: exact rewrites, export/int8_graph.py); the weight "
     "products the int8 search left in fp32 (`search`), the SSM convolutions elsewhere, the Gemm heads, "
-    "embeddings, LayerNorm and softmax fp32 (export/onnx.py, export/int8_search.py)",
+    "embeddings, LayerNorm and softmax fp32 (export/int8_recipe.py, export/int8_search.py)",
     "bf16": "OpenVINO CPU, the fp32 graphs at INFERENCE_PRECISION_HINT=bf16 (AMX or AVX512_BF16 products, "
     "fp32 accumulation; export/openvino_runtime.py)",
     "int8-openvino": "OpenVINO CPU, the fp32 graphs with every MatMul's constant int8, one scale per output channel "

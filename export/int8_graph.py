@@ -1,4 +1,4 @@
-"""Fewer fp32 passes in an int8 graph: two exact rewrites of what the int8 recipe writes (export/onnx.py).
+"""Fewer fp32 passes in an int8 graph: two exact rewrites of what the int8 recipe writes (export/int8_recipe.py).
 
 At 4,096 tokens an int8 graph's integer products take under half of its time; most of the rest is passes
 over (L, d) and (L, I) fp32 tensors that ONNX Runtime's CPU provider runs one op at a time: the GELUs, the
@@ -12,7 +12,7 @@ rewrites compute the same function with fewer such passes; neither changes an in
    as ONNX's `Gelu` (erf, exact: 4e-7 of the erf formula; opset 20) or `FastGelu` without a bias (where
    the tanh form was asked). The fp32 graphs keep `BiasGelu`: an fp32 MatMul takes no bias.
 2. `fold_smoothing` (on the smoothed fp32 graph, before quantizing): a smoothed product reads x / s
-   (export/onnx.py `smooth_products`). Where x is linear in something the graph already scales, 1/s goes
+   (export/int8_recipe.py `smooth_products`). Where x is linear in something the graph already scales, 1/s goes
    there instead of into a Mul of its own:
    - a block's LayerNorm read by smoothed products alone: LN(x)·γ + β divided by the first product's s
      is LN with γ / s and β / s, so that product reads the LayerNorm itself and the others multiply by
@@ -103,7 +103,7 @@ def fold_smoothing(
     fp32_weights: frozenset[str],
 ) -> int:
     """Rewrite 2 of the module docstring, in place, on a graph whose smoothed products read `is_smoothing(node)`
-    Muls by 1/s (their second input a constant; export/onnx.py `smooth_products`). `initializers` (name →
+    Muls by 1/s (their second input a constant; export/int8_recipe.py `smooth_products`). `initializers` (name →
     tensor, with the weights loaded) gains the rescaled constants under names of their own: every original
     tensor is left as it is (the fp32 graphs share them). A product whose weight is in `fp32_weights` keeps its
     weight's name (the quantizer finds it by it), so nothing is folded into it. Returns the Muls removed."""

@@ -1,15 +1,14 @@
 """Which weight products the int8 variant leaves in fp32: an accuracy-aware search on the gate's text.
 
-Dynamic int8 (export/onnx.py `Int8Recipe`) quantizes each product's activations with one range per
-tensor. In a BiGS block two products read a gated activation (an elementwise product of two
-branches, the FFN's down projection among them): their rows carry outliers, and a single range for the
-whole tensor rounds the rest of it coarsely. Quantizing everything, the defaults missed the gate
-(bigs-mini's fill-mask top-1 agreement 0.898 < 0.9 at 128 tokens, the classifiers' embedding cosine
-0.91-0.96 < 0.99); the same graphs with those products left in fp32 pass (docs/DESIGN.md §1.3).
-Which products they are depends on the model, so export finds them per model, ranking them on the
-first bucket and gating each try at the first bucket and at the longest bucket up to 512
-(`search_buckets`): a graph that passes at 128 tokens can miss at 512, and the gate is most exacting up
-to 512 (32 sequences a bucket; fewer beyond):
+Dynamic int8 (export/int8_recipe.py `Int8Recipe`) quantizes each product's activations with one range per
+tensor. In a BiGS block two products read a gated activation (an elementwise product of two branches, the
+FFN's down projection among them): their rows carry outliers, and a single range for the whole tensor rounds
+the rest of it coarsely. Quantizing everything, the default models missed the gate; the same graphs with those
+products left in fp32 pass (docs/DESIGN.md §1.3). Which products they are depends on the model, so export
+finds them per model, ranking them on the first bucket and gating each try at the first bucket and at the
+longest bucket up to 512 (`search_buckets`): a graph that passes at 128 tokens can miss at 512, and the gate
+is most exacting up to 512 (32 sequences a bucket; fewer beyond). What each step below was measured to buy
+or cost, model by model, is in docs/BENCHMARKS.md ("int8 that passes its gate"):
 
 1. Rank. The fp32 graph runs a few of the gate's batches with every weight product's input exposed;
    each product's int8 error is simulated exactly as ORT computes it (uint8 activations, one range
@@ -19,14 +18,10 @@ to 512 (32 sequences a bucket; fewer beyond):
    activation per input channel, and one pass of as many batches at each other search bucket the
    same there; s_j = max|x_j|^α / max|W_j|^(1−α) (α = `SMOOTHING_ALPHA`) moves the outlier channels'
    range into the weights, (x / s)·(s W), exact in fp32. The int8 graph then computes a Mul by 1/s
-   before each smoothed product (export/onnx.py `smooth_products`), and the ranking is measured again
-   with it. On bigs-mini-news the largest simulated error fell from 0.093 to 0.028, the gated
-   products' from 0.038–0.093 to 0.022–0.032. Two calibrations, because neither is better for every
-   model: the largest activations grow with length (bigs-mini: up to 25x larger at 512 tokens than at
-   128 in one channel), and factors from 128 alone leave those outliers to the activation range at
-   512 (bigs-mini's all-int8 graph: cosine 0.9935 at 128, 0.9891 < 0.99 at 512; with factors from both
-   buckets 0.9941 and 0.9910, both pass); bigs-mini-news's all-int8 graph passes with 128's factors
-   and, with both buckets', misses at 512 by one of 32 classifications (0.9375 < 0.95).
+   before each smoothed product (export/int8_recipe.py `smooth_products`), and the ranking is measured again
+   with it. Two calibrations, because neither is better for every model: the largest activations grow
+   with length, so factors from 128 alone leave the longer bucket's outliers to the activation range
+   there, while factors from both buckets can cost the shorter one what they buy the longer.
 3. Search. Quantize and run the gate (export/gate.py `measure_gate`, the same measures and thresholds
    as every variant's) at the search buckets: every product int8 unsmoothed first (no Mul to pay for
    where plain int8 passes already), then smoothed with the first bucket's factors, then with every
@@ -34,41 +29,37 @@ to 512 (32 sequences a bucket; fewer beyond):
    left in fp32: every product whose error is above half the largest, a quarter, an eighth
    (`EXCLUSION_STEPS`), until one passes; then k is halved between the last count that failed and
    the one that passed, `REFINE_TRIES` times: the fewest tried that pass. At most `MAX_TRIES`
-   quantizations and gates at each search bucket, seconds each on 2 cores: within export's
-   first-minutes budget. The gate's text asks for the same answers; a model's own task can ask for more:
-   where int8 passing the gate lost more than half a point on a held-out figure, the artifact dir's int8
-   floor (export/manifest.py `Int8Floor`, written by `bigs eval --refuse-beyond` once an export with that
-   floor scored within the limit) has every try leave at least its count of the smoothed ranking's top
-   products in fp32: the tries start there, then go up the steps above it and halve between.
+   quantizations and gates at each search bucket, seconds each: within export's first-minutes budget.
+   The gate's text asks for the same answers; a model's own task can ask for more: where int8 passing the
+   gate lost more than half a point on a held-out figure, the artifact dir's int8 floor (export/manifest.py
+   `Int8Floor`, written by `bigs eval --refuse-beyond` once an export with that floor scored within the
+   limit) has every try leave at least its count of the smoothed ranking's top products in fp32: the tries
+   start there, then go up the steps above it and halve between.
 
 4. A lever on the fp32 remainder. With the weight products settled, the rest of the graph is what
-   limits int8's speed-up (GELU, the SSM convolutions, the gates' products: docs/BENCHMARKS.md). The SSM
-   convolutions in int8 too, through ONNX Runtime's own quantizer, are tried on top of the chosen recipe
-   (`LEVER_TRIES`) and gated like any try; kept where it passes. On bigs-mini-news on an AVX2-only EPYC
-   they cost one classification of 32 at 512 alone, which is why they are gated per model, never assumed.
-   (GELU's tanh form was a second lever until every GELU read its product's bias, export/int8_graph.py:
-   the exact GELU has been as fast since. The passes the graph sheds exactly are not levers: every int8
-   graph is written with them.)
+   limits int8's speed-up (GELU, the SSM convolutions, the gates' products). The SSM convolutions in int8
+   too, through ONNX Runtime's own quantizer, are tried on top of the chosen recipe (`LEVER_TRIES`) and
+   gated like any try; kept where it passes. They can cost a model a classification at one bucket, which
+   is why they are gated per model, never assumed. (GELU's tanh form was a second lever until every GELU
+   read its product's bias, export/int8_graph.py: the exact GELU has been as fast since. The passes the
+   graph sheds exactly are not levers: every int8 graph is written with them.)
 5. The longer buckets (`Int8Plan`). The search's gate speaks for its buckets only, and a lever's error
-   is not the same at every length, either way: bigs-mini-news's tanh GELU alone passed at 128 and 512
-   and missed at 1,024 by one classification of 16, and its SSM lever, refused at 512 by a sequence whose
-   two fp32 logits were 0.03 apart, passed at 2,048 and 4,096. So at each bucket longer than the search's,
-   export writes the graph with the lever whether or not the search's buckets kept it (where some try
-   passed there), gates it there on the gate's text (a few seconds: fewer, longer sequences), keeps it
-   where it passes and writes it again without where it fails; each such gate is recorded
-   (`Int8Search.long_buckets`). There the SSM lever takes the chunked form's products (its
-   (c, c), (2N, c), (c, 2N) and carry constants): at 4,096 tokens on the AVX2-only EPYC, 83 ms of SSM
-   products in int8 (their quantization included) against 108 in fp32, on bigs-mini-news. The search's
-   own buckets are written from the graphs the chosen try gated (`search_int8`'s `keep`): the same
-   function of the same graph and recipe, so not quantized a second time.
+   is not the same at every length, either way: a lever can pass at 128 and 512 and miss at 1,024, or be
+   refused at 512 by a near-tie (two fp32 logits close together) and pass at 2,048 and 4,096. So at each
+   bucket longer than the search's, export writes the graph with the lever whether or not the search's
+   buckets kept it (where some try passed there), gates it there on the gate's text (a few seconds: fewer,
+   longer sequences), keeps it where it passes and writes it again without where it fails; each such gate is
+   recorded (`Int8Search.long_buckets`). There the SSM lever takes the chunked form's products (its (c, c),
+   (2N, c), (c, 2N) and carry constants), where the long buckets spend much of their time. The search's own
+   buckets are written from the graphs the chosen try gated (`Int8SearchResult.kept`): the same function of
+   the same graph and recipe, so not quantized a second time.
 6. More products at a longer bucket (`Int8Plan`, `Int8Search.long_products`). Where the levers failed a
    longer bucket's gate, the graph written without them is gated there too, and while it fails the next
    steps of the search's ranking (`exclusion_counts` above the count it chose) are left in fp32 at that
    bucket alone, each gated, then halved between the last that failed and the first that passed
    (`REFINE_TRIES`); the graph is written with the fewest that passed. The search's gate spoke for
-   its buckets, and a near-tie is not the same at every length: bigs-mini-news's int8 missed at 1,024 by one
-   classification of 16 (fp32 logits 0.022 apart) with the search's products in fp32 and the levers or
-   without, and `auto` served that bucket bf16, OpenVINO's memory for one bucket.
+   its buckets, and a near-tie is not the same at every length: without this, such a bucket would not be
+   served int8 at all, and `auto` would serve it at another precision, at another runtime's memory.
 
 Every try, and each product left in fp32 with why (its rank and error) and what it costs (its share of
 the weight products' multiply-adds, which stay fp32), is recorded in the manifest
@@ -88,6 +79,7 @@ import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import onnx
@@ -96,6 +88,11 @@ from onnx import numpy_helper
 
 from .gate import RunBatch, gate_batches, measure_gate, ort_runner, remembered
 from .heads import primary_head
+from .int8_recipe import Int8Recipe, copy_graph, weight_products, write_int8_graph
+from .progress import Job
+
+if TYPE_CHECKING:
+    from tokenizers import Tokenizer
 from .manifest import (
     BucketTry,
     Fp32Product,
@@ -105,7 +102,6 @@ from .manifest import (
     LeverGate,
     LongBucketProducts,
 )
-from .onnx import Int8Recipe, copy_graph, weight_products, write_int8_graph
 
 RANKING_BATCHES = 4  # of the gate's batches at the first search bucket: 16 sequences
 SECOND_SEARCH_BUCKET_MAX = 512  # the second bucket gated: the longest up to this (module docstring)
@@ -113,7 +109,7 @@ SMOOTHING_ALPHA = 0.5  # SmoothQuant's: the range split evenly between activatio
 # Products left in fp32 after the all-int8 tries: those whose error is above these fractions of the largest
 EXCLUSION_STEPS = (1 / 2, 1 / 4, 1 / 8)
 REFINE_TRIES = 2  # halvings between the last failing and the first passing count
-# Step 4's levers, in order, each on top of the chosen recipe (export/onnx.py `Int8Recipe`): the first to pass is
+# Step 4's levers, in order, each on top of the chosen recipe (export/int8_recipe.py `Int8Recipe`): the first to pass is
 # kept. GELU's tanh form was one until each GELU read its product's bias (export/int8_graph.py): since, the exact
 # GELU is as fast (docs/BENCHMARKS.md), so the tanh form would cost accuracy and buy nothing.
 LEVER_TRIES = ({"ssm_convolutions": True},)
@@ -319,6 +315,180 @@ def rank_on_gate_text(graphs: dict[int, Path], tokenizer, fill_mask: bool, weigh
     return rank_products(graphs[bucket], calibration[bucket], weight_bits, elsewhere)
 
 
+# A try, by what it varies: the buckets its smoothing was calibrated at (() unsmoothed), how many of the ranking it
+# leaves in fp32, and the levers it takes (() none)
+TryKey = tuple[tuple[int, ...], int, tuple[str, ...]]
+
+
+@dataclass(frozen=True)
+class Int8SearchResult:
+    """`search_int8`'s answer."""
+
+    recipe: Int8Recipe  # the chosen recipe
+    record: Int8Search  # what the manifest records of the search
+    # where the chosen recipe's graph of each search bucket was left as it was gated ({bucket: path} in `keep`;
+    # {} without `keep` or where no try passed), so that export does not quantize them again (`Int8Plan`)
+    kept: dict[int, Path]
+    # the products in the chosen try's ranking order (smoothed or not): step 6 takes more from it (`Int8Plan`)
+    ranking: list[RankedProduct]
+
+
+@dataclass
+class _Tries:
+    """The tries of one search (module docstring, step 3): each a recipe quantized, then gated at every search
+    bucket, shortest first; recorded by `TryKey`, and the graphs of each that passed kept in `work`."""
+
+    graphs: dict[int, Path]  # the finished fp32 graph of each search bucket
+    tokenizer: object
+    head: str
+    thresholds: GateThresholds
+    recipe: Int8Recipe  # how every try quantizes what it does not leave in fp32
+    ranking: Ranking
+    work: Path
+    done: Callable[[Int8Try], object] | None = None
+    tried: dict[TryKey, Int8Try] = field(default_factory=dict)
+    passed_graphs: dict[TryKey, Path] = field(default_factory=dict)  # the dir of each passing try's graphs
+
+    def __post_init__(self):
+        self.bucket = min(self.graphs)  # where the products were ranked
+        self.every = tuple(sorted(self.graphs))  # smoothing calibrated at every search bucket
+        # the smoothing calibrations (module docstring, step 2): the first bucket's alone, then every bucket's
+        self.factors = {(self.bucket,): self.ranking.smoothing_here, self.every: self.ranking.smoothing}
+        self.by_smoothed = sorted(self.ranking.products, key=lambda r: -r.error_smoothed)
+        self.total_macs = sum(r.macs for r in self.ranking.products) or 1
+        self.references = {b: remembered(ort_runner({b: _session(g)})) for b, g in self.graphs.items()}  # fp32 once
+
+    def ranked(self, calibrated_at: tuple[int, ...]) -> list[RankedProduct]:
+        """The ranking a try with this calibration leaves its top products of in fp32."""
+        return self.by_smoothed if calibrated_at else self.ranking.products
+
+    def recipe_of(self, calibrated_at: tuple[int, ...], count: int) -> Int8Recipe:
+        left = frozenset(r.weight for r in self.ranked(calibrated_at)[:count])
+        smoothing = self.factors[calibrated_at] if calibrated_at else {}
+        return replace(self.recipe, fp32_weights=left, smoothing=smoothing)
+
+    def attempt(self, calibrated_at: tuple[int, ...], count: int, lever: dict | None = None) -> bool:
+        """Quantize and gate one try; True where it passed at every search bucket."""
+        lever = lever or {}
+        recipe = replace(self.recipe_of(calibrated_at, count), **lever)
+        work = self.work / f"try-{len(self.tried)}"
+        work.mkdir()
+        gates = {}
+        for b, graph in self.graphs.items():  # the shortest first: a try that fails there is not gated further
+            run = _int8_runner(graph, b, recipe, work)
+            gates[b] = measure_gate(self.tokenizer, b, self.head, self.references[b], run, self.thresholds)
+            if not gates[b].passed:
+                break
+        share = sum(r.macs for r in self.ranked(calibrated_at)[:count]) / self.total_macs
+        key = (calibrated_at, count, tuple(sorted(lever)))
+        self.tried[key] = Int8Try(
+            fp32_products=count,
+            fp32_macs_share=round(share, 5),
+            gate=gates.pop(self.bucket),
+            smoothed=bool(calibrated_at),
+            calibrated_at=list(calibrated_at),
+            gates_elsewhere=gates,
+            ssm_convolutions=recipe.ssm_convolutions,
+            gelu_approximation=recipe.gelu_approximation,
+        )
+        if self.tried[key].passed:
+            self.passed_graphs[key] = work
+        else:
+            shutil.rmtree(work)
+        if self.done is not None:
+            self.done(self.tried[key])
+        return self.tried[key].passed
+
+    def first_passing(self, calibrated_at: tuple[int, ...], counts, failed: int) -> tuple[int | None, int]:
+        """Each of `counts` tried in order until one passes: (that count, None where none did; the last count
+        that failed, `failed` where none was tried or the first passed)."""
+        for count in counts:
+            if self.attempt(calibrated_at, count):
+                return count, failed
+            failed = count
+        return None, failed
+
+    def most_tried(self, calibrated_at: tuple[int, ...]) -> int:
+        return max(count for at, count, _ in self.tried if at == calibrated_at)
+
+
+def _fewest_in_fp32(tries: _Tries, floor: int) -> tuple[tuple[int, ...], int | None]:
+    """Step 3, the weight products: (the calibration settled on, the fewest products left in fp32 that passed
+    with it among the tries, None where none passed). Without a floor: every product int8 unsmoothed, then
+    smoothed by each calibration, then the exclusion steps with every bucket's; with a floor, its count first
+    and the steps above it. Then halved between the last count that failed and the one that passed."""
+    steps = exclusion_counts(tries.by_smoothed)
+    if floor:  # the model's floor: its top products fp32 in every try, smoothed as the steps are
+        calibrated_at = tries.every
+        # fewer than the floor is never tried
+        passing, failed = tries.first_passing(calibrated_at, [floor, *(c for c in steps if c > floor)], floor - 1)
+    elif tries.attempt((), 0):  # every product int8, no smoothing: nothing to pay for
+        return (), 0
+    else:
+        # one calibration where one bucket is searched
+        calibrations = list(dict.fromkeys([(tries.bucket,), tries.every]))
+        calibrated_at = next((at for at in calibrations if tries.attempt(at, 0)), None)
+        if calibrated_at is not None:
+            return calibrated_at, 0
+        calibrated_at = calibrations[-1]
+        passing, failed = tries.first_passing(calibrated_at, steps[1:], 0)
+    if passing is None:
+        return calibrated_at, None
+    return calibrated_at, halved(failed, passing, lambda count: tries.attempt(calibrated_at, count))
+
+
+def _lever_taken(tries: _Tries, calibrated_at: tuple[int, ...], count: int) -> dict:
+    """Step 4: the first of `LEVER_TRIES` that passes on top of the chosen recipe ({} where none does)."""
+    return next((lever for lever in LEVER_TRIES if tries.attempt(calibrated_at, count, lever)), {})
+
+
+def _search_record(
+    tries: _Tries, chosen: Int8Recipe, calibrated_at: tuple[int, ...], count: int, passed: bool, floor: int,
+    floor_why: str | None,
+) -> Int8Search:  # fmt: skip
+    """The manifest's record of the search: every try, and each product left in fp32 with why and its cost."""
+    ranked, smoothed = tries.ranked(calibrated_at), bool(calibrated_at)
+    why = (
+        f"left fp32 for the gate at buckets {', '.join(map(str, sorted(tries.graphs)))} to pass"
+        if passed
+        else "left fp32; the gate still failed"
+    )
+    floored = f"left fp32 by the model's int8 floor of {floor} products"
+
+    def fp32_product(rank: int, r: RankedProduct) -> Fp32Product:
+        error = r.error_smoothed if smoothed else r.error
+        return Fp32Product(
+            weight=r.weight,
+            where=r.where,
+            error=round(error, 5),
+            rank=rank,
+            macs_share=round(r.macs / tries.total_macs, 5),
+            why=f"int8 error {error:.3g}, {rank} of {len(ranked)} by error: {floored if rank <= floor else why}",
+        )
+
+    return Int8Search(
+        bucket=tries.bucket,
+        gated_at=sorted(tries.graphs),
+        weight_bits=chosen.weight_bits,
+        per_channel=chosen.per_channel,
+        ranked_by="the simulated int8 error of each weight product on the gate's text, ||x̂ŵ − xw|| / ||xw||"
+        + (" (smoothed: x / s, s W)" if smoothed else ""),
+        smoothing=SMOOTHING if smoothed else None,
+        calibrated_at=list(calibrated_at),
+        products=len(ranked),
+        floor=floor,
+        floor_why=floor_why if floor else None,
+        tries=list(tries.tried.values()),
+        fp32=[fp32_product(rank, r) for rank, r in enumerate(ranked[:count], start=1)],
+        passed=passed,
+        ssm_convolutions=chosen.ssm_convolutions,
+        gelu_approximation=chosen.gelu_approximation,
+        ssm_inputs_signed=chosen.ssm_convolutions and chosen.ssm_signed_inputs,
+        biases_in_products=chosen.biases_in_products,
+        smoothing_folded=chosen.smoothing_folded and smoothed,
+    )
+
+
 def search_int8(
     graphs: dict[int, Path],
     tokenizer,
@@ -329,166 +499,39 @@ def search_int8(
     keep: Path | None = None,
     floor: int = 0,
     floor_why: str | None = None,
-) -> tuple[Int8Recipe, Int8Search, dict[int, Path]]:
+) -> Int8SearchResult:
     """The recipe of the fewest products left in fp32 (among the tries) whose int8 graphs of `graphs` (the
-    finished fp32 graph of each search bucket, `search_buckets`) pass the gate at every one of them, the
-    search's record, and where in `keep` it left the chosen recipe's graph of each search bucket as it gated
-    it ({bucket: path}; none without `keep`, or where no try passed), so that export does not quantize them
-    again (`Int8Plan`); ranked at the shortest. `recipe`: how
-    the rest is quantized (default `Int8Recipe()`). `done(try)` after each try (export's progress lines).
-    Where no try passes, the last (the most left in fp32) is the recipe, and the record says so: the
-    variant then fails its gate there and is not served at that bucket.
-    `floor` (the model's int8 floor, export/manifest.py `Int8Floor`; `floor_why`, where it came from): every
-    try leaves at least the top `floor` products of the smoothed ranking in fp32, whatever the gate would
+    finished fp32 graph of each search bucket, `search_buckets`) pass the gate at every one of them, ranked at
+    the shortest, with the search's record (`Int8SearchResult`). `recipe`: how the rest is quantized (default
+    `Int8Recipe()`). `done(try)` after each try (export's progress lines). `keep`: where to leave the chosen
+    recipe's graph of each search bucket as it was gated. Where no try passes, the last (the most left in fp32)
+    is the recipe, and the record says so: the variant then fails its gate there and is not served at that
+    bucket. `floor` (the model's int8 floor, export/manifest.py `Int8Floor`; `floor_why`, where it came from):
+    every try leaves at least the top `floor` products of the smoothed ranking in fp32, whatever the gate would
     allow (module docstring, step 3)."""
-    thresholds = thresholds or GateThresholds()
     recipe = recipe or Int8Recipe()
-    bucket = min(graphs)
-    fill_mask = head == "fill-mask"
-    ranking = rank_on_gate_text(graphs, tokenizer, fill_mask, recipe.weight_bits)
-    plain = ranking.products
-    by_smoothed = sorted(plain, key=lambda r: -r.error_smoothed)  # with the factors of every bucket searched
-    # The smoothing calibrations tried with every product int8 (module docstring, step 2): the first bucket's
-    # alone, then every bucket's; the steps that leave products in fp32 use the last.
-    every = tuple(sorted(graphs))
-    factors = {(bucket,): ranking.smoothing_here, every: ranking.smoothing}
-    references = {b: remembered(ort_runner({b: _session(graph)})) for b, graph in graphs.items()}  # fp32 once
-    total_macs = sum(r.macs for r in plain) or 1
-    # by (calibrated at, () unsmoothed; count left fp32; the levers taken, () none)
-    tries: dict[tuple[tuple[int, ...], int, tuple[str, ...]], Int8Try] = {}
-    gated_graphs: dict[tuple, Path] = {}  # by the same key: the dir of a passing try's graphs
-
-    def ranked_for(calibrated_at: tuple[int, ...]) -> list[RankedProduct]:
-        return by_smoothed if calibrated_at else plain
-
-    def recipe_of(calibrated_at: tuple[int, ...], count: int) -> Int8Recipe:
-        left = frozenset(r.weight for r in ranked_for(calibrated_at)[:count])
-        smoothing = factors[calibrated_at] if calibrated_at else {}
-        return replace(recipe, fp32_weights=left, smoothing=smoothing)
-
+    ranking = rank_on_gate_text(graphs, tokenizer, head == "fill-mask", recipe.weight_bits)
+    floor = min(floor, len(ranking.products))
     with tempfile.TemporaryDirectory(prefix="bigs-int8-search-") as tmp:
-
-        def attempt(calibrated_at: tuple[int, ...], count: int, lever: dict | None = None) -> bool:
-            lever = lever or {}
-            tried = replace(recipe_of(calibrated_at, count), **lever)
-            gates = {}
-            work = Path(tmp) / f"try-{len(tries)}"
-            work.mkdir()
-            for b, graph in graphs.items():  # the shortest first: a try that fails there is not gated further
-                run = _int8_runner(graph, b, tried, work)
-                gates[b] = measure_gate(tokenizer, b, head, references[b], run, thresholds)
-                if not gates[b].passed:
-                    break
-            share = sum(r.macs for r in ranked_for(calibrated_at)[:count]) / total_macs
-            key = (calibrated_at, count, tuple(sorted(lever)))
-            tries[key] = Int8Try(
-                fp32_products=count,
-                fp32_macs_share=round(share, 5),
-                gate=gates.pop(bucket),
-                smoothed=bool(calibrated_at),
-                calibrated_at=list(calibrated_at),
-                gates_elsewhere=gates,
-                ssm_convolutions=tried.ssm_convolutions,
-                gelu_approximation=tried.gelu_approximation,
-            )
-            if tries[key].passed:
-                gated_graphs[key] = work
-            else:
-                shutil.rmtree(work)
-            if done is not None:
-                done(tries[key])
-            return tries[key].passed
-
-        floor = min(floor, len(plain))
-        calibrated_at, failed, passing = (), -1, None
-        if floor:  # the model's floor: its top products fp32 in every try, smoothed as the steps are
-            calibrated_at, failed = every, floor - 1  # fewer than the floor is never tried
-            if attempt(calibrated_at, floor):
-                passing = floor
-            else:
-                failed = floor
-                for count in (c for c in exclusion_counts(by_smoothed) if c > floor):
-                    if attempt(calibrated_at, count):
-                        passing = count
-                        break
-                    failed = count
-        elif attempt((), 0):  # every product int8, no smoothing: nothing to pay for
-            passing = 0
-        else:
-            for calibrated_at in dict.fromkeys([(bucket,), every]):  # one calibration where one bucket is searched
-                if attempt(calibrated_at, 0):
-                    passing = 0
-                    break
-            else:
-                failed = 0
-                for count in exclusion_counts(by_smoothed)[1:]:
-                    if attempt(calibrated_at, count):
-                        passing = count
-                        break
-                    failed = count
-        if calibrated_at and passing is not None:
-            passing = halved(failed, passing, lambda count: attempt(calibrated_at, count))
+        tries = _Tries(graphs, tokenizer, head, thresholds or GateThresholds(), recipe, ranking, Path(tmp), done)
+        calibrated_at, passing = _fewest_in_fp32(tries, floor)
         # none passed: the last calibration's try with the most left in fp32
-        count = passing if passing is not None else max(c for at, c, _ in tries if at == calibrated_at)
-        chosen, taken = recipe_of(calibrated_at, count), {}
-        for lever in LEVER_TRIES if passing is not None else ():  # step 4, on a recipe that passed
-            if attempt(calibrated_at, count, lever):
-                chosen, taken = replace(chosen, **lever), lever
-                break
+        count = passing if passing is not None else tries.most_tried(calibrated_at)
+        lever = _lever_taken(tries, calibrated_at, count) if passing is not None else {}  # on a recipe that passed
+        chosen = replace(tries.recipe_of(calibrated_at, count), **lever)
+        chosen_graphs = tries.passed_graphs.get((calibrated_at, count, tuple(sorted(lever))))
         kept = {}
-        chosen_graphs = gated_graphs.get((calibrated_at, count, tuple(sorted(taken))))
         if keep is not None and chosen_graphs is not None:
             for b in graphs:
                 kept[b] = keep / f"{b}.int8.onnx"
                 copy_graph(chosen_graphs / _INT8_GRAPH.format(bucket=b), kept[b])
-    ranked = ranked_for(calibrated_at)
-    why = (
-        f"left fp32 for the gate at buckets {', '.join(map(str, sorted(graphs)))} to pass"
-        if passing is not None
-        else "left fp32; the gate still failed"
-    )
-    floored = f"left fp32 by the model's int8 floor of {floor} products"
-    why_of = lambda rank: floored if rank <= floor else why
-    smoothed = bool(calibrated_at)
-    record = Int8Search(
-        bucket=bucket,
-        gated_at=sorted(graphs),
-        weight_bits=chosen.weight_bits,
-        per_channel=chosen.per_channel,
-        ranked_by="the simulated int8 error of each weight product on the gate's text, ||x̂ŵ − xw|| / ||xw||"
-        + (" (smoothed: x / s, s W)" if smoothed else ""),
-        smoothing=SMOOTHING if smoothed else None,
-        calibrated_at=list(calibrated_at),
-        products=len(ranked),
-        floor=floor,
-        floor_why=floor_why if floor else None,
-        tries=list(tries.values()),
-        fp32=[
-            Fp32Product(
-                weight=r.weight,
-                where=r.where,
-                error=round(r.error_smoothed if smoothed else r.error, 5),
-                rank=rank,
-                macs_share=round(r.macs / total_macs, 5),
-                why=f"int8 error {r.error_smoothed if smoothed else r.error:.3g}, {rank} of {len(ranked)} by error: "
-                f"{why_of(rank)}",
-            )
-            for rank, r in enumerate(ranked[:count], start=1)
-        ],
-        passed=passing is not None,
-        ssm_convolutions=chosen.ssm_convolutions,
-        gelu_approximation=chosen.gelu_approximation,
-        ssm_inputs_signed=chosen.ssm_convolutions and chosen.ssm_signed_inputs,
-        biases_in_products=chosen.biases_in_products,
-        smoothing_folded=chosen.smoothing_folded and smoothed,
-    )
-    record._ranking = ranked  # for step 6 (`Int8Plan`), in this process only
-    return chosen, record, kept
+    record = _search_record(tries, chosen, calibrated_at, count, passing is not None, floor, floor_why)
+    return Int8SearchResult(chosen, record, kept, tries.ranked(calibrated_at))
 
 
 @dataclass
 class Int8Plan:
-    """How export writes each bucket's int8 graph from the search's answer (`export_onnx`'s `plan_int8`;
+    """How export writes each bucket's int8 graph from the search's answer (`plan_int8`;
     module docstring, steps 5 and 6): `recipe` as chosen at the buckets up to the longest the search gated; at a
     longer one, with its levers where that bucket's gate passes with them, else without, and with more products
     in fp32 there while that fails. Each lever gate goes into `record.long_buckets` and `done(bucket, lever_gate)`
@@ -501,11 +544,14 @@ class Int8Plan:
     head: str
     thresholds: GateThresholds
     done: Callable[[int, LeverGate], object] | None = None
-    # the search's own graphs of its buckets, by the chosen recipe (`search_int8`'s third answer): written as
+    # the search's own graphs of its buckets, by the chosen recipe (`Int8SearchResult.kept`): written as
     # they are, not quantized again (the same function of the same graph and recipe would give them back)
     searched_graphs: dict[int, Path] = field(default_factory=dict)
     workspace: tempfile.TemporaryDirectory | None = None  # keeps `searched_graphs`' dir until the plan is let go
     done_more: Callable[[int, BucketTry], object] | None = None  # after each of step 6's tries
+    # the search's ranking (`Int8SearchResult.ranking`): step 6 leaves more of it in fp32 at a longer bucket; [] (a
+    # record read back from a manifest): none to take, the bucket is written with the search's products
+    ranking: list[RankedProduct] = field(default_factory=list)
 
     def write(self, length: int, fp32_graph: Path, dst: Path) -> None:
         if length in self.searched_graphs:
@@ -538,9 +584,8 @@ class Int8Plan:
         """Step 6: the bucket's graph without the levers, gated here; while it fails, the next steps of the search's
         ranking (`exclusion_counts` above the count it chose) left in fp32 at this bucket, each gated, then halved
         as the search halves; written with the fewest that passed, else the most tried (the final gate then
-        refuses int8 here). A near-tie is not the same at every length either: bigs-mini-news's int8 missed at
-        1,024 by one classification of 16."""
-        ranking, chosen = self.record._ranking, len(self.record.fp32)
+        refuses int8 here). A near-tie is not the same at every length either (module docstring, step 6)."""
+        ranking, chosen = self.ranking, len(self.record.fp32)
         counts = [chosen, *(c for c in exclusion_counts(ranking) if c > chosen)] if ranking else [chosen]
         plain = self.recipe.without_levers()
         more = LongBucketProducts(tries=[])
@@ -581,6 +626,63 @@ class Int8Plan:
         self.record.long_products[length] = more
 
 
+@dataclass(frozen=True)
+class Int8Request:
+    """What export decides about its int8 graphs before any is written (export/build.py `int8_request`), for the
+    bucket loop (export/onnx.py) to search with once the fp32 graphs of the search buckets are (`plan_int8`)."""
+
+    tokenizer: Tokenizer  # the gate's text is tokenized with it
+    head: str  # the model's primary head: what the gate measures
+    recipe: Int8Recipe  # how the products the search does not leave in fp32 are quantized
+    floor: int = 0  # the model's int8 floor (export/manifest.py `Int8Floor`): `search_int8`'s `floor`
+    floor_why: str | None = None  # where the floor came from
+    thresholds: GateThresholds = field(default_factory=GateThresholds)
+    job: Job = field(default_factory=lambda: Job("export"))  # where the search's progress lines go
+
+
+def _levers(t: Int8Try | LeverGate) -> str:
+    """The levers a try took, as a progress line names them."""
+    return "".join(
+        text
+        for on, text in ((t.ssm_convolutions, ", SSM convolutions int8"), (t.gelu_approximation, ", tanh GELU"))
+        if on
+    )
+
+
+def plan_int8(request: Int8Request, graphs: dict[int, Path]) -> Int8Plan:
+    """How the export writes its int8 graphs: the accuracy-aware search (`search_int8`) on the finished fp32
+    graphs of the buckets it searches at (`graphs`, {bucket: graph}: `search_buckets`), then each bucket by the
+    returned `Int8Plan` (its `record` is the search's, completed as the longer buckets are written). A line for
+    each try and each longer bucket's gate goes to `request.job`."""
+    job = request.job
+    # a line before the ranking and the first try: the first a service shows of a background export
+    at = ", ".join(map(str, graphs))
+    job.emit(f"{job.name}: int8 search at buckets {at}: ranking the weight products by their int8 error")
+    lines = job.stage(MAX_TRIES)  # at most: the search stops early where it can
+    smoothed = lambda buckets: f", smoothed (factors from {', '.join(map(str, buckets))})" if buckets else ""
+    done = lambda t: lines.step(
+        f"int8 search at {at}: {t.fp32_products} products fp32{smoothed(t.calibrated_at)}{_levers(t)}, "
+        f"gate {'passed' if t.passed else 'FAILED'}"
+    )
+    workspace = tempfile.TemporaryDirectory(prefix="bigs-int8-searched-")  # removed with the plan
+    found = search_int8(
+        graphs, request.tokenizer, request.head, request.thresholds, request.recipe, done=done,
+        keep=Path(workspace.name), floor=request.floor, floor_why=request.floor_why,
+    )  # fmt: skip
+    long_bucket = lambda bucket, tried: job.emit(
+        f"{job.name}: int8 at bucket {bucket}{_levers(tried)}: gate {'passed, kept' if tried.passed else 'FAILED'}"
+        + ("" if tried.passed else ", written without them")
+    )
+    more_products = lambda bucket, tried: job.emit(
+        f"{job.name}: int8 at bucket {bucket} without the levers, {tried.fp32_products} products fp32: gate "
+        + ("passed, kept" if tried.passed else "FAILED")
+    )
+    return Int8Plan(
+        found.recipe, found.record, request.tokenizer, request.head, request.thresholds, long_bucket, found.kept,
+        workspace=workspace, done_more=more_products, ranking=found.ranking,
+    )  # fmt: skip
+
+
 def _feeds(batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     return {k: v for k, v in batch.items() if not k.startswith("_")}
 
@@ -595,8 +697,8 @@ _INT8_GRAPH = "{bucket}.int8.opt.onnx"  # a try's graph of one bucket, in its ow
 
 
 def _int8_runner(graph: Path, bucket: int, recipe: Int8Recipe, work: Path) -> RunBatch:
-    """`graph` quantized by `recipe` and optimised as export writes it (export/onnx.py), on ORT; written to
-    `work` (`_INT8_GRAPH`)."""
+    """`graph` quantized by `recipe` and optimised as export writes it (export/int8_recipe.py
+    `write_int8_graph`), on ORT; written to `work` (`_INT8_GRAPH`)."""
     optimized = work / _INT8_GRAPH.format(bucket=bucket)
     write_int8_graph(graph, optimized, recipe)
     return ort_runner({bucket: _session(optimized)})

@@ -39,7 +39,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from .heads import Head
 
@@ -280,7 +280,7 @@ class Int8Search(_Section):
     # (`long_buckets`, step 5; `levers_at`)
     ssm_convolutions: bool = False
     gelu_approximation: bool = False
-    # the SSM convolutions' inputs quantized signed (export/onnx.py `signed_convolution_inputs`): their products
+    # the SSM convolutions' inputs quantized signed (export/int8_recipe.py `signed_convolution_inputs`): their products
     # u8·s8 of an 8-bit constant, exact only where the CPU sums int8 products in int32 (VNNI, AMX-INT8), so
     # written only on such a CPU; False: ORT's unsigned inputs (u8·u8, exact everywhere)
     ssm_inputs_signed: bool = False
@@ -290,9 +290,6 @@ class Int8Search(_Section):
     # step 6: at a longer bucket where the levers failed, the graph without them gated, and more products left
     # in fp32 there while it fails ({} where no longer bucket needed it, or in a dir written before)
     long_products: dict[int, LongBucketProducts] = Field(default_factory=dict)
-    # in this process only, never written: the products in the chosen try's ranking order (export/int8_search.py
-    # `RankedProduct`), from which step 6 takes more at a longer bucket
-    _ranking: list = PrivateAttr(default_factory=list)
     # the exact rewrites every graph was written with (export/int8_graph.py; False in a dir written before them):
     # each GELU after an int8 product reads it with its bias added, and the smoothing factors a LayerNorm or a
     # gate's linear can take are there rather than in a Mul

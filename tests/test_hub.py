@@ -31,6 +31,7 @@ import yaml  # noqa: E402
 from conftest import BERT_VOCAB_SIZE, TINY, _perturb_  # noqa: E402
 
 import bigs_cli  # noqa: E402
+from export.hub_files import write_hub_files  # noqa: E402
 from export.manifest import INT8_FLOOR_FILE, REFUSALS_FILE  # noqa: E402
 from model import (  # noqa: E402
     BiGSConfig,
@@ -408,7 +409,7 @@ def test_shipped_model_dirs_hold_what_the_code_writes_now(tmp_path, name):
     if (shipped / "2_Dense").is_dir():
         shutil.copytree(shipped / "2_Dense", tmp_path / "2_Dense")
     copy = tmp_path.rename(tmp_path.parent / name)  # the card is titled by the dir's name
-    for rel in hub.write_hub_files(copy):
+    for rel in write_hub_files(copy):
         assert (shipped / rel).read_text() == (copy / rel).read_text(), f"models/{name}/{rel} is stale"
 
 

@@ -68,7 +68,8 @@ def test_the_search_leaves_at_least_the_floor_of_its_smoothed_ranking_in_fp32_an
 
     graphs, tokenizer, head = searched_graphs(exports["cls"])
     every = sorted(graphs)
-    recipe, search, _ = search_int8(graphs, tokenizer, head, GateThresholds(), floor=2, floor_why="a floor of 2")
+    found = search_int8(graphs, tokenizer, head, GateThresholds(), floor=2, floor_why="a floor of 2")
+    recipe, search = found.recipe, found.record
     assert search.floor == 2 and search.floor_why == "a floor of 2"
     # no try below the floor, every try smoothed as the steps are (with every search bucket's factors)
     assert all(t.fp32_products >= 2 and t.smoothed and t.calibrated_at == every for t in search.tries)
@@ -79,7 +80,7 @@ def test_the_search_leaves_at_least_the_floor_of_its_smoothed_ranking_in_fp32_an
     errors = [p.error for p in search.fp32]
     assert errors == sorted(errors, reverse=True)
     # a floor past the products there are leaves them all in fp32, and says so as the floor
-    _, everything, _ = search_int8(graphs, tokenizer, head, GateThresholds(), floor=10_000, floor_why="all")
+    everything = search_int8(graphs, tokenizer, head, GateThresholds(), floor=10_000, floor_why="all").record
     assert everything.floor == everything.products == len(everything.fp32)
 
 

@@ -19,7 +19,8 @@ import onnxruntime as ort
 from onnx import TensorProto, helper, numpy_helper
 
 from export.int8_graph import biases_into_products
-from export.onnx import Int8Recipe, ort_optimize, smooth_products, weight_products, write_int8_graph
+from export.int8_recipe import Int8Recipe, smooth_products, weight_products, write_int8_graph
+from export.ort_optimization import ort_optimize
 
 D, I, L = 16, 48, 32  # hidden, intermediate, tokens
 RNG = np.random.default_rng(0)

@@ -1389,7 +1389,7 @@ def fp32_weight_products(graph: Path) -> set[str]:
     """The weights that a plain (fp32) MatMul of `graph` multiplies: the products int8 left in fp32."""
     import onnx
 
-    from export.onnx import weight_products
+    from export.int8_recipe import weight_products
 
     return {node.input[1] for node in weight_products(onnx.load(str(graph), load_external_data=False))}
 
@@ -1418,9 +1418,9 @@ def test_the_search_tries_the_levers_on_the_chosen_recipe_last_and_the_graphs_ca
     import onnx
 
     from export.cpu import has_exact_int8_products
+    from export.int8_recipe import constant_left_matmuls
     from export.int8_search import LEVER_TRIES
     from export.manifest import read_manifest
-    from export.onnx import constant_left_matmuls
 
     for name, export_dir in variant_exports.items():
         manifest = read_manifest(export_dir)
@@ -1462,9 +1462,9 @@ def test_the_search_leaves_the_products_of_largest_int8_error_in_fp32_until_the_
 ):
     """Thresholds no all-int8 graph of the tiny model meets, so the search has to leave products in fp32."""
     from export.heads import primary_head
+    from export.int8_recipe import quantize_int8
     from export.int8_search import search_buckets, search_int8
     from export.manifest import GateThresholds, read_manifest
-    from export.onnx import quantize_int8
 
     export_dir = variant_exports["cls"]
     manifest = read_manifest(export_dir)
@@ -1476,7 +1476,7 @@ def test_the_search_leaves_the_products_of_largest_int8_error_in_fp32_until_the_
 
     recorded = manifest.precisions["int8"].search.tries[0].gate  # everything int8, default thresholds
     strict = halfway_to_1(recorded.embedding_cosine_min)
-    _, search, _ = search_int8(graphs, tokenizer, head, strict)
+    search = search_int8(graphs, tokenizer, head, strict).record
     # everything int8 unsmoothed first, then everything int8 smoothed with the first bucket's factors
     assert [(t.calibrated_at, t.fp32_products) for t in search.tries[:2]] == [([], 0), ([128], 0)]
     assert not search.tries[0].passed and not search.tries[0].smoothed and search.tries[1].smoothed
@@ -1485,7 +1485,8 @@ def test_the_search_leaves_the_products_of_largest_int8_error_in_fp32_until_the_
     for _ in range(3):
         all_int8 = [t.gate.embedding_cosine_min for t in search.tries if t.smoothed and t.fp32_products == 0]
         bar = halfway_to_1(max(all_int8), at_least=bar.embedding_cosine_min)
-        recipe, search, _ = search_int8(graphs, tokenizer, head, bar)
+        found = search_int8(graphs, tokenizer, head, bar)
+        recipe, search = found.recipe, found.record
         if search.fp32:
             break
 
@@ -1547,9 +1548,9 @@ def test_smoothing_factors_take_each_channels_largest_activation_over_every_buck
     from onnx import numpy_helper
 
     from export.gate import gate_batches
+    from export.int8_recipe import weight_products
     from export.int8_search import _feeds, activation_maxima, rank_products, smoothing_factors
     from export.manifest import read_manifest
-    from export.onnx import weight_products
 
     export_dir = variant_exports["cls"]
     manifest = read_manifest(export_dir)
@@ -1576,9 +1577,9 @@ def test_a_smoothed_graph_computes_in_fp32_what_the_graph_computes(variant_expor
     import onnxruntime as ort
 
     from export.gate import gate_batches
+    from export.int8_recipe import smooth_products, weight_products
     from export.int8_search import _feeds, rank_products
     from export.manifest import read_manifest
-    from export.onnx import smooth_products, weight_products
 
     export_dir = variant_exports["cls"]
     graph = export_dir / read_manifest(export_dir).onnx.graph(128).file
@@ -1607,8 +1608,8 @@ def test_when_no_try_passes_the_search_says_so_and_auto_never_serves_the_variant
     export_dir = variant_exports["mlm"]
     manifest = read_manifest(export_dir)
     impossible = GateThresholds(embedding_cosine_min=1.5)  # no graph but fp32 itself reaches it
-    _, search, _ = search_int8({128: export_dir / manifest.onnx.graph(128).file}, tokenizer,
-                            primary_head(manifest.model.architecture), impossible)  # fmt: skip
+    search = search_int8({128: export_dir / manifest.onnx.graph(128).file}, tokenizer,
+                         primary_head(manifest.model.architecture), impossible).record  # fmt: skip
     assert not search.passed and not any(t.passed for t in search.tries) and len(search.tries) <= MAX_TRIES
     assert all("still failed" in product.why for product in search.fp32)
 
@@ -1685,15 +1686,15 @@ def test_the_search_gates_at_the_shortest_bucket_and_the_longest_other_up_to_512
 def test_int8_ssm_convolutions_take_every_ssm_product_toeplitz_and_chunked_and_the_tanh_gelu_is_orts_within_the_gate(
     exports, tokenizer, tmp_path
 ):
-    """Two int8 levers (export/onnx.py `Int8Recipe`): the SSM convolutions quantized too, every constant-left
+    """Two int8 levers (export/int8_recipe.py `Int8Recipe`): the SSM convolutions quantized too, every constant-left
     product (up to 512 the Toeplitz T, one (L, L) per SSM; beyond, the chunked form's constants), and GELU in
     ORT's tanh form. Each answers within the gate of the fp32 graph."""
     import onnx
     import onnxruntime as ort
 
     from export.gate import GateThresholds, measure_gate, ort_runner
+    from export.int8_recipe import Int8Recipe, constant_left_matmuls, write_int8_graph
     from export.manifest import read_manifest
-    from export.onnx import Int8Recipe, constant_left_matmuls, write_int8_graph
 
     export_dir = exports["mlm"]
     manifest = read_manifest(export_dir)
@@ -1751,8 +1752,8 @@ def test_the_ssm_convolutions_signed_inputs_answer_exactly_as_orts_unsigned_ones
 
     from export.cpu import has_exact_int8_products
     from export.gate import gate_batches
+    from export.int8_recipe import Int8Recipe, quantize_int8, write_int8_graph
     from export.manifest import read_manifest
-    from export.onnx import Int8Recipe, quantize_int8, write_int8_graph
 
     export_dir = exports["mlm"]
     manifest = read_manifest(export_dir)
@@ -1786,7 +1787,7 @@ def test_an_input_that_also_feeds_a_weight_product_keeps_orts_unsigned_quantizat
     import onnx
     from onnx import TensorProto, helper, numpy_helper
 
-    from export.onnx import Int8Recipe, quantize_int8
+    from export.int8_recipe import Int8Recipe, quantize_int8
 
     rng = np.random.default_rng(0)
     T, W = np.tril(rng.standard_normal((8, 8))).astype(np.float32), rng.standard_normal((4, 4)).astype(np.float32)
@@ -1822,7 +1823,7 @@ def test_a_signed_convolution_input_holds_orts_uint8_values_less_128_and_the_sam
     import onnxruntime as ort
     from onnx import TensorProto, helper, numpy_helper
 
-    from export.onnx import Int8Recipe, quantize_int8
+    from export.int8_recipe import Int8Recipe, quantize_int8
 
     rng = np.random.default_rng(1)
     T = np.tril(rng.standard_normal((64, 64))).astype(np.float32)
@@ -1874,9 +1875,9 @@ def test_the_int8_recipe_rebuilt_from_the_manifest_makes_the_served_graph_again_
 
     from bench.precision import LEVERS, add_levers
     from export.gate import gate_batches, ort_runner, ort_sessions
+    from export.int8_recipe import write_int8_graph
     from export.int8_search import export_recipe
     from export.manifest import read_manifest
-    from export.onnx import write_int8_graph
     from export.onnx_runtime import session_options
 
     export_dir = variant_exports["mlm"]
@@ -1920,9 +1921,9 @@ def test_a_longer_bucket_whose_own_gate_refuses_the_levers_is_written_without_th
     import onnx
 
     from export.heads import primary_head
+    from export.int8_recipe import Int8Recipe, write_int8_graph
     from export.int8_search import Int8Plan
     from export.manifest import GateThresholds, read_manifest
-    from export.onnx import Int8Recipe, write_int8_graph
 
     export_dir = variant_exports["cls"]
     manifest = read_manifest(export_dir)
@@ -1973,16 +1974,17 @@ def test_the_search_buckets_int8_graphs_are_written_as_the_search_gated_them_not
 
     import export.int8_search as int8_search
     from export.heads import primary_head
+    from export.int8_recipe import write_int8_graph
     from export.int8_search import Int8Plan, search_buckets, search_int8
     from export.manifest import GateThresholds, read_manifest
-    from export.onnx import write_int8_graph
 
     export_dir = variant_exports["cls"]
     manifest = read_manifest(export_dir)
     graphs = {b: export_dir / manifest.onnx.graph(b).file for b in search_buckets(manifest.buckets)}
     head = primary_head(manifest.model.architecture)
     (tmp_path / "kept").mkdir()
-    recipe, record, kept = search_int8(graphs, tokenizer, head, GateThresholds(), keep=tmp_path / "kept")
+    found = search_int8(graphs, tokenizer, head, GateThresholds(), keep=tmp_path / "kept")
+    recipe, record, kept = found.recipe, found.record, found.kept
     assert record.passed and sorted(kept) == sorted(graphs)
     for bucket, graph in graphs.items():
         write_int8_graph(graph, tmp_path / f"fresh-{bucket}.onnx", recipe)
@@ -2020,16 +2022,17 @@ def test_a_longer_bucket_whose_gate_fails_leaves_more_products_in_fp32_there_alo
 
     from export.gate import measure_gate, ort_runner, remembered
     from export.heads import primary_head
+    from export.int8_recipe import write_int8_graph
     from export.int8_search import Int8Plan, _session, exclusion_counts, search_buckets, search_int8
     from export.manifest import GateThresholds, read_manifest
-    from export.onnx import write_int8_graph
 
     export_dir = variant_exports["cls"]
     manifest = read_manifest(export_dir)
     graphs = {b: export_dir / manifest.onnx.graph(b).file for b in search_buckets(manifest.buckets)}
     head, long = primary_head(manifest.model.architecture), 1024
-    recipe, record, _ = search_int8(graphs, tokenizer, head, GateThresholds())
-    ranking, chosen = record._ranking, len(record.fp32)
+    found = search_int8(graphs, tokenizer, head, GateThresholds())
+    recipe, record = found.recipe, found.record
+    ranking, chosen = found.ranking, len(record.fp32)
     most = max(c for c in exclusion_counts(ranking) if c > chosen)
     fp32_graph = export_dir / manifest.onnx.graph(long).file
     reference = remembered(ort_runner({long: _session(fp32_graph)}))
@@ -2043,7 +2046,7 @@ def test_a_longer_bucket_whose_gate_fails_leaves_more_products_in_fp32_there_alo
     few, many = cosine(chosen), cosine(most)
     assert many > few, (few, many)  # more products in fp32, closer to fp32's answers
     bar = GateThresholds(embedding_cosine_min=(few + many) / 2, classification_agreement_min=0.0)
-    plan = Int8Plan(recipe, record, tokenizer, head, bar)
+    plan = Int8Plan(recipe, record, tokenizer, head, bar, ranking=ranking)
     plan.write(long, fp32_graph, tmp_path / f"{long}.int8.onnx")
 
     assert not record.long_buckets[long].passed  # the levers first, refused by the bar

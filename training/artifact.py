@@ -18,6 +18,7 @@ from pathlib import Path
 import jax
 import numpy as np
 
+from export.hub_files import write_hub_files
 from model.bert import (
     bert_config_dict,
     bert_state_from_bigs,
@@ -28,7 +29,7 @@ from model.bert import (
 )
 from model.configuration_bigs import BiGSConfig
 from model.convert import flax_to_torch, load_torch_safetensors, save_torch_safetensors, torch_to_flax
-from model.hub import TRAINING_CARD, Dense, write_dense, write_hub_files
+from model.hub import TRAINING_CARD, Dense, write_dense
 from model.tokenizer import BERT_UNCASED_VOCAB, save_tokenizer
 
 CARD = TRAINING_CARD

@@ -18,8 +18,9 @@ imports relatively, found by transformers' own `get_relative_import_files`, i.e.
 loader will look for. This file is one of them (the config's `save_pretrained` calls it), so a model
 loaded from a dir saves back into a dir that loads the same way.
 
-Writers: every writer of an artifact or export dir ends with `write_hub_files` (training/artifact.py,
-`bigs init`, `bigs convert flax-to-torch`, export/build.py, `bigs hub-files DIR`), and
+Writers: every writer of an artifact or export dir ends with `write_hub_files` (export/hub_files.py: these
+files and the card, which also reads what the export records; training/artifact.py, `bigs init`,
+`bigs convert flax-to-torch`, export/build.py, `bigs hub-files DIR`), and
 `BiGSConfig.save_pretrained` ends with `write_remote_code`, so any `save_pretrained` of a BiGS
 model or config carries the code.
 """
@@ -592,44 +593,3 @@ def usage_section(architecture: str, dense: Dense | None = None) -> list[str]:
 
 def _round(value, digits: int = 1):
     return round(value, digits) if isinstance(value, float) else value
-
-
-def write_model_card(out_dir: str | Path) -> bool:
-    """Write README.md unless the dir holds one that was not written here; True when written."""
-    out_dir = Path(out_dir)
-    path = out_dir / MODEL_CARD
-    if path.is_file() and GENERATED not in path.read_text(encoding="utf-8"):
-        return False
-    config = json.loads((out_dir / CONFIG).read_text())
-    card_path = out_dir / TRAINING_CARD
-    card = json.loads(card_path.read_text()) if card_path.is_file() else None
-    notes = (
-        ["pretraining_card.json records the stage before this one."]
-        if (out_dir / "pretraining_card.json").is_file()
-        else []
-    )
-    # training writes RUN_DIR/artifact (training/stages.py): the run names the model there
-    name = out_dir.resolve().name if out_dir.resolve().name != "artifact" else out_dir.resolve().parent.name
-    evaluation = json.loads((out_dir / EVALUATION).read_text()) if (out_dir / EVALUATION).is_file() else None
-    served_path = out_dir / SERVED_EVALUATION
-    served = json.loads(served_path.read_text()) if served_path.is_file() else None
-    limitations = (out_dir / LIMITATIONS).read_text(encoding="utf-8") if (out_dir / LIMITATIONS).is_file() else None
-    # here, not above: the copy in a model dir is imported on its own
-    from export.manifest import read_int8_floor, read_refusals
-
-    refused = {precision: r.why() for precision, r in read_refusals(out_dir).items()}
-    floor = read_int8_floor(out_dir)
-    card_text = model_card(
-        name, config, card, notes, read_dense(out_dir), evaluation, limitations, served, refused,
-        None if floor is None else floor.why(),
-    )  # fmt: skip
-    path.write_text(card_text, encoding="utf-8")
-    return True
-
-
-def write_hub_files(out_dir: str | Path) -> list[str]:
-    """Everything above into a dir that holds config.json; returns the files written."""
-    written = write_remote_code(out_dir) + write_sentence_transformers_files(out_dir)
-    if write_model_card(out_dir):
-        written.append(MODEL_CARD)
-    return written
