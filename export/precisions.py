@@ -18,7 +18,7 @@ read it. Two things run a precision: the gate and the latency record (export/gat
 of one padded batch) and the service (service/runtimes `load_runtime`, a `Runtime`). A callable here could only
 be the export's, and a lazy import path to the service's would point up the layers. So a spec names its
 `runtime`, and each of those two maps a runtime to what builds it; what is particular to one precision on its
-runtime (OpenVINO's hint, int8 constants) is that runtime's module, `runner_modules`, and nowhere else.
+runtime (OpenVINO's hint, int8 constants) is in that runtime's files, `RUNNER_FILES`, and nowhere else.
 This module imports nothing of the project at load, so export/manifest.py can type its fields with it.
 """
 
@@ -36,9 +36,9 @@ AUTO = "auto"  # the setting that chooses per bucket (service/cpu_features.py)
 
 Runtime = Literal["onnxruntime", "openvino"]
 Graphs = Literal["fp32", "int8"]  # the graph files of a bucket (export/manifest.py `OnnxSection.graph`)
-# The modules that run each runtime's precisions, and so the only ones besides this that name a precision
+# The files of the modules that run each runtime's precisions, the only ones besides this that name a precision
 # (tests/test_precision_registry.py): the export's loader and the service's runtime
-RUNNER_MODULES: dict[Runtime, tuple[str, ...]] = {
+RUNNER_FILES: dict[Runtime, tuple[str, ...]] = {
     "onnxruntime": ("export/onnx_runtime.py", "service/runtimes/onnx.py"),
     "openvino": ("export/openvino_runtime.py", "service/runtimes/openvino.py"),
 }

@@ -10,7 +10,7 @@ from typing import get_args
 import pytest
 from pydantic import ValidationError
 
-from export.precisions import AUTO, NAMES, PRECISIONS, REDUCED, RUNNER_MODULES, SETTINGS, Graphs
+from export.precisions import AUTO, NAMES, PRECISIONS, REDUCED, RUNNER_FILES, SETTINGS, Graphs
 
 ROOT = Path(__file__).resolve().parent.parent
 # What export writes and the service serves. Not bench/: its scripts time named configurations side by side
@@ -52,13 +52,13 @@ def test_a_precision_is_named_only_in_the_registry_and_its_runners():
         for line, value in string_literals(path):
             if value not in names or where == registry or (where, value) in NOT_A_SERVED_PRECISION:
                 continue
-            if where not in RUNNER_MODULES[PRECISIONS[value].runtime]:
+            if where not in RUNNER_FILES[PRECISIONS[value].runtime]:
                 found.append(f"{where}:{line}: {value!r}")
     assert not found, "precision names outside export/precisions.py and their runners:\n" + "\n".join(found)
 
 
-def test_the_runner_modules_the_registry_names_exist():
-    for runtime, modules in RUNNER_MODULES.items():
+def test_the_runner_files_the_registry_names_exist():
+    for runtime, modules in RUNNER_FILES.items():
         for module in modules:
             assert (ROOT / module).is_file(), (runtime, module)
 
