@@ -405,11 +405,12 @@ def cmd_bench(args: argparse.Namespace) -> None:
 
 
 def cmd_eval(args: argparse.Namespace) -> None:
+    from export.precisions import REDUCED, in_words
     from training.evaluation import decide_refusal, evaluate, evaluate_lengths
 
-    if args.refuse_beyond is not None and (args.artifact is None or args.precision in ("fp32", "auto")):
+    if args.refuse_beyond is not None and (args.artifact is None or args.precision not in REDUCED):
         fail("eval", "--refuse-beyond judges one reduced precision of an export against its artifact: give "
-             "--precision int8, bf16 or int8-openvino and --artifact DIR")  # fmt: skip
+             f"--precision {in_words(REDUCED)} and --artifact DIR")  # fmt: skip
     if args.lengths is not None and (args.data_dir is None or args.precision != "fp32"):
         fail("eval", "--lengths scores an artifact dir's masked tokens on a built corpus: give --data-dir DIR")
     try:
@@ -481,6 +482,7 @@ class LazyParser(argparse.ArgumentParser):
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="bigs", description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    from export.precisions import AUTO, FP32, NAMES  # the registry alone: imports nothing else of the project
     from service import package_version  # the package's own __init__: imports nothing of the server
 
     parser.add_argument("--version", action="version", version=f"%(prog)s {package_version()}")
@@ -624,8 +626,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     evaluate.add_argument(
         "--precision",
-        default="fp32",
-        choices=["fp32", "int8", "bf16", "int8-openvino", "auto"],
+        default=FP32,
+        choices=[*NAMES, AUTO],
         help="export dirs only; auto: per bucket what `bigs serve` serves on this CPU (the served variant's figures)",
     )
     evaluate.add_argument("--json", help="also write the report here")

@@ -403,12 +403,14 @@ def profile_export(export_dir: Path, bucket: int, precision: str, runs: int = 3)
     from export.manifest import read_manifest
     from export.onnx_runtime import session_options
     from export.openvino_runtime import compile_graph
+    from export.precisions import precision_spec
 
     manifest = read_manifest(export_dir)
-    graph = manifest.onnx.graph(bucket, "int8" if precision == "int8" else "fp32")
+    spec = precision_spec(precision)
+    graph = manifest.onnx.graph(bucket, spec.graphs)
     feeds = feeds_for(graph.input_names, bucket, 1, manifest.model.vocab_size)
     path = export_dir / graph.file
-    if precision in ("fp32", "int8"):
+    if spec.runtime == "onnxruntime":
         served = session_options(manifest)
 
         def make_session(options: ort.SessionOptions) -> ort.InferenceSession:
@@ -441,6 +443,8 @@ def markdown(profile: GraphProfile, title: str) -> str:
 def main(argv: list[str] | None = None) -> None:
     import argparse
 
+    from export.precisions import FP32, NAMES
+
     parser = argparse.ArgumentParser(
         prog="bigs bench graph-profile",
         description="Where one bucket's time goes at one precision, on the runtime that serves it (per-node "
@@ -448,7 +452,7 @@ def main(argv: list[str] | None = None) -> None:
     )
     parser.add_argument("export_dir", type=Path)
     parser.add_argument("--bucket", type=int, default=512)
-    parser.add_argument("--precision", default="fp32", choices=["fp32", "int8", "bf16", "int8-openvino"])
+    parser.add_argument("--precision", default=FP32, choices=NAMES)
     parser.add_argument("--runs", type=int, default=5)
     args = parser.parse_args(argv)
     from service.cpu_features import cpu_model_name

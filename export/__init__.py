@@ -24,6 +24,8 @@ The export, in the order `bigs export` runs it:
 
 Shared with the service and the other readers of an export dir:
 
+    precisions.py         the precisions (fp32, int8, bf16, int8-openvino) as one table of `PrecisionSpec`s: what
+                          gate, runtimes, `auto`, settings, CLI, evaluation and the manifest read (DESIGN §4.5.1)
     manifest.py           manifest.json as a typed model: one reader, one writer
     integrity.py          sha256 of every file: recorded at export, checked by verify and the service
     onnx_runtime.py       load_sessions(): ORT sessions over one copy of the weights (numpy + onnxruntime only)
@@ -36,7 +38,7 @@ Shared with the service and the other readers of an export dir:
 
 Who imports what (pyproject.toml `[tool.importlinter]`, checked by tests/test_import_layers.py): export imports
 model and nothing above it, and no two of its modules import each other round a cycle. The service imports
-manifest, integrity, heads, progress, cpu and the three runtime modules, which import no torch, flax or model
+precisions, manifest, integrity, heads, progress, cpu and the three runtime modules, which import no torch, flax or model
 code; besides them, modules (its torch runtime, service/runtimes/torch_eager.py, for an artifact dir served
 before its export exists) and build (`describe_artifact_dir`, the same case), both only where torch is
 installed. Training imports manifest, cpu and hub_files; the CLI and the benchmarks whatever they drive.

@@ -47,6 +47,7 @@ from .manifest import (
     versions,
 )
 from .modules import SentenceEmbedding
+from .precisions import REDUCED, written_by_default_here
 from .progress import Job, silent
 from .verify import DEFAULT_TOLERANCE
 
@@ -54,8 +55,7 @@ if TYPE_CHECKING:
     from .int8_search import Int8Request
 
 DEFAULT_BUCKETS = (128, 256, 512, 1024, 2048, 4096)
-# what export writes without --precisions on this machine: `default_precisions`
-PRECISIONS = ("int8", "bf16", "int8-openvino")
+PRECISIONS = REDUCED  # what --precisions takes; written without it on this machine: `default_precisions`
 FORMATS = ("onnx", "stablehlo")
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "special_tokens_map.json")
 BERT_VOCAB_SIZE = 30522
@@ -65,22 +65,11 @@ DEFAULT = "default"  # `ExportOptions.precisions`: the variants that can be writ
 
 
 def default_precisions() -> tuple[str, ...]:
-    """What `DEFAULT` means on this machine: int8, which ONNX Runtime runs on any CPU (its gate and its
-    measured latency decide whether it is served); bf16 where OpenVINO is installed and this CPU
-    has bf16 units (elsewhere OpenVINO would compute f32 and there would be no bf16 to record); int8-openvino where
-    OpenVINO is installed and this CPU has int8 dot products (VNNI, AMX-INT8; elsewhere OpenVINO would decompress
-    the weights). Which of them serves where is `auto`'s choice by the latency recorded here, OpenVINO's two only
-    where they pay for the memory of a second runtime (service/cpu_features.py)."""
-    from .cpu import has_bf16_units, has_exact_int8_products
-    from .openvino_runtime import openvino_available
-
-    if not openvino_available():
-        return ("int8",)
-    return (
-        "int8",
-        *(("bf16",) if has_bf16_units() else ()),
-        *(("int8-openvino",) if has_exact_int8_products() else ()),
-    )
+    """What `DEFAULT` means on this machine: each reduced precision whose `written_by_default` holds here
+    (export/precisions.py: int8 everywhere, OpenVINO's where it is installed and the CPU has the units that make
+    them what they say). Which of them serves where is `auto`'s choice by the latency recorded here, OpenVINO's
+    only where they pay for the memory of a second runtime (service/cpu_features.py)."""
+    return written_by_default_here()
 
 
 def parse_precisions(text: str | None) -> tuple[str, ...] | str:
@@ -100,8 +89,7 @@ class ExportOptions:
     formats: tuple[str, ...] = FORMATS
     quantize: str | None = None  # None or "int8" (ONNX only): the same as precisions=("int8",)
     # Reduced-precision variants (ONNX only), each measured by its accuracy gate (export/gate.py) and
-    # timed (export/latency.py): "int8" (int8 graphs, ORT), "bf16" (the fp32 graphs through OpenVINO at
-    # bf16), "int8-openvino" (the fp32 graphs through OpenVINO with int8 products). DEFAULT (what `bigs export`
+    # timed (export/latency.py): names of export/precisions.py's `REDUCED`. DEFAULT (what `bigs export`
     # asks without --precisions): `default_precisions()` where the gate can run, i.e. with ONNX among the
     # formats and a tokenizer in the dir, else none. The empty default here keeps a program's export what it
     # states.

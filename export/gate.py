@@ -42,7 +42,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
-from typing import Literal
 
 import numpy as np
 
@@ -51,6 +50,7 @@ from .heads import MASK_POSITIONS, primary_head
 from .latency import HOW as LATENCY_HOW
 from .latency import measure_latency, one_request
 from .manifest import AccuracyGate, GateMeasured, GateThresholds, LatencyRecord, Manifest, PrecisionVariant
+from .precisions import FP32, PRECISIONS, Graphs, Runtime, VariantUnavailable
 from .progress import Job, Progress
 
 GATE_TEXT = "gate_text.txt"
@@ -185,24 +185,6 @@ def measure_gate(
 # Measuring an export dir's variants (what `bigs export` records and `--verify` re-measures)
 # --------------------------------------------------------------------------------------------
 
-VARIANT_HOW = {
-    "int8": "ONNX Runtime, the int8 graphs: MatMul weights 7-bit per output channel (exact integer products on "
-    "every x86 int8 kernel), activations quantized per call (dynamic), after smoothing where the search needed it (`search.smoothing`); the SSM convolutions int8 "
-    "where the search's gate kept them, and at each longer bucket where that bucket's gate kept them too "
-    "(`search.ssm_convolutions`, `search.long_buckets`); each GELU after an int8 product reading the product "
-    "with its bias added, and the smoothing factors a LayerNorm or a gate's linear can take folded there "
-    "(`search.biases_in_products`, `search.smoothing_folded`: exact rewrites, export/int8_graph.py); the weight "
-    "products the int8 search left in fp32 (`search`), the SSM convolutions elsewhere, the Gemm heads, "
-    "embeddings, LayerNorm and softmax fp32 (export/int8_recipe.py, export/int8_search.py)",
-    "bf16": "OpenVINO CPU, the fp32 graphs at INFERENCE_PRECISION_HINT=bf16 (AMX or AVX512_BF16 products, "
-    "fp32 accumulation; export/openvino_runtime.py)",
-    "int8-openvino": "OpenVINO CPU, the fp32 graphs with every MatMul's constant int8, one scale per output channel "
-    "(export/openvino_runtime.py `int8_weights`), each token's activations quantized at run time in groups of "
-    "`INT8_ACTIVATION_GROUP` (VNNI or AMX-INT8 products), the rest at INFERENCE_PRECISION_HINT=bf16 (f32 on a CPU "
-    "without bf16 units)",
-}
-
-
 # The gate and the latency record run ONNX Runtime as the service does: its intra-op threads do not spin
 # after a run (service/settings.py `ort_spin_wait`, off by default). With ORT's default spinning, the
 # threads of the session just timed took both cores from the OpenVINO graph timed after it: bf16 at 512
@@ -262,19 +244,12 @@ def remembered(run: RunBatch) -> RunBatch:
     return run_once
 
 
-class VariantUnavailable(Exception):
-    """A variant that cannot run as itself on this machine (the message says why): bf16 or int8-openvino where
-    OpenVINO is not installed; bf16 where OpenVINO would run the graphs at f32 because the CPU has no bf16
-    instructions; int8-openvino where it has no int8 dot products, on which OpenVINO decompresses the weights
-    instead of quantizing the activations."""
-
-
 @dataclass(frozen=True)
 class VariantRunner:
     """How one precision variant runs here: its runtime, which graphs of the dir, and a RunBatch."""
 
-    runtime: Literal["onnxruntime", "openvino"]
-    graphs: Literal["fp32", "int8"]
+    runtime: Runtime
+    graphs: Graphs
     run: RunBatch
 
 
@@ -282,36 +257,19 @@ def variant_runner(
     export_dir: Path, manifest: Manifest, precision: str, buckets: list[int] | None = None
 ) -> VariantRunner:
     """Load `precision`'s graphs of the dir (at `buckets`, default every one) into the runtime that serves
-    them; VariantUnavailable where this machine cannot run them as that precision (then a measurement
-    would be of something else)."""
-    if precision == "int8":
-        return VariantRunner("onnxruntime", "int8", ort_runner(ort_sessions(export_dir, manifest, "int8", buckets)))
-    if precision == "bf16":
-        from .openvino_runtime import effective_precision, load_compiled, openvino_available
+    them (export/precisions.py); VariantUnavailable where this machine cannot run them as that precision (then a
+    measurement would be of something else)."""
+    spec = PRECISIONS.get(precision)
+    if spec is None or not spec.gated:
+        raise ValueError(f"unknown precision {precision!r}")
+    if spec.runtime == "onnxruntime":
+        return VariantRunner(
+            spec.runtime, spec.graphs, ort_runner(ort_sessions(export_dir, manifest, spec.graphs, buckets))
+        )
+    from .openvino_runtime import load_variant
 
-        if not openvino_available():
-            raise VariantUnavailable("OpenVINO is not installed (the runtime of bf16: pip install openvino)")
-        compiled = load_compiled(export_dir, "bf16", buckets=buckets, manifest=manifest)
-        effective = effective_precision(next(iter(compiled.values())))
-        if effective != "bf16":
-            raise VariantUnavailable(
-                f"OpenVINO runs {effective} on this CPU ({cpu_description()}): no AVX512_BF16 or AMX"
-            )
-        return VariantRunner("openvino", "fp32", lambda bucket, feeds: compiled[bucket].run(feeds))
-    if precision == "int8-openvino":
-        from .cpu import has_exact_int8_products
-        from .openvino_runtime import load_compiled, openvino_available
-
-        if not openvino_available():
-            raise VariantUnavailable("OpenVINO is not installed (the runtime of int8-openvino: pip install openvino)")
-        if not has_exact_int8_products():
-            raise VariantUnavailable(
-                f"this CPU ({cpu_description()}) has no VNNI or AMX-INT8, so OpenVINO would decompress the int8 "
-                "weights rather than run int8 products"
-            )
-        compiled = load_compiled(export_dir, "int8-openvino", buckets=buckets, manifest=manifest)
-        return VariantRunner("openvino", "fp32", lambda bucket, feeds: compiled[bucket].run(feeds))
-    raise ValueError(f"unknown precision {precision!r}")
+    compiled = load_variant(export_dir, manifest, precision, buckets)
+    return VariantRunner(spec.runtime, spec.graphs, lambda bucket, feeds: compiled[bucket].run(feeds))
 
 
 @dataclass(frozen=True)
@@ -435,7 +393,7 @@ def measure_variants(
         manifest.precisions[precision] = PrecisionVariant(
             runtime=runtime,
             graphs=graphs,
-            how=VARIANT_HOW[precision],
+            how=PRECISIONS[precision].how,
             measured_on=cpu_description(),
             gate=gates[precision],
             passed=all(m.passed for m in gates[precision].values()),
@@ -464,7 +422,7 @@ def _measure_bucket(
         for precision, variant in variants.items()
     }
     feeds = {bucket: one_request(gate_batches(inputs.tokenizer, bucket, inputs.head == "fill-mask")[0])}
-    runners = {"fp32": inputs.reference, **{precision: variant.run for precision, variant in variants.items()}}
+    runners = {FP32: inputs.reference, **{precision: variant.run for precision, variant in variants.items()}}
     ms = {name: figures[bucket] for name, figures in measure_latency(runners, feeds).ms.items()}
     progress.step(f"latency of {', '.join(runners)} at bucket {bucket}")
     return measured, ms

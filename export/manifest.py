@@ -42,6 +42,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from .heads import Head
+from .precisions import Graphs, PrecisionName, ReducedName, Runtime
 
 MANIFEST = "manifest.json"
 FORMAT_VERSION = 2  # 2: "heads" (was "tasks"), typed
@@ -338,8 +339,8 @@ class Int8Search(_Section):
 class PrecisionVariant(_Section):
     """One reduced-precision way of serving the ONNX graphs, and its gate per bucket."""
 
-    runtime: Literal["onnxruntime", "openvino"]
-    graphs: Literal["fp32", "int8"]  # which files of each OnnxGraph it runs (`OnnxSection.graph`)
+    runtime: Runtime
+    graphs: Graphs  # which files of each OnnxGraph it runs (`OnnxSection.graph`)
     how: str
     measured_on: str  # the CPU the gate ran on: bf16 is only bf16 where the CPU has it
     gate: dict[int, GateMeasured] = Field(default_factory=dict)
@@ -404,9 +405,9 @@ class RefusedPrecision(HeldOutCost):
 
 
 class Refusals(_Section):
-    """`REFUSALS_FILE`: by precision ("int8", "bf16", "int8-openvino")."""
+    """`REFUSALS_FILE`: by reduced precision (export/precisions.py)."""
 
-    refused: dict[Literal["int8", "bf16", "int8-openvino"], RefusedPrecision] = Field(default_factory=dict)
+    refused: dict[ReducedName, RefusedPrecision] = Field(default_factory=dict)
 
 
 def read_refusals(artifact_dir: str | Path) -> dict[str, RefusedPrecision]:
@@ -483,8 +484,8 @@ class LatencyRecord(_Section):
 
     measured_on: str  # export/cpu.py `cpu_description()`: model name and reduced-precision flags
     how: str
-    # "fp32" and each recorded variant ("int8", "bf16", "int8-openvino") → bucket → milliseconds (`how` says of which runs)
-    ms: dict[Literal["fp32", "int8", "bf16", "int8-openvino"], dict[int, float]] = Field(default_factory=dict)
+    # fp32 and each recorded variant (export/precisions.py) → bucket → milliseconds (`how` says of which runs)
+    ms: dict[PrecisionName, dict[int, float]] = Field(default_factory=dict)
 
 
 class WeightTensor(_Section):
@@ -575,7 +576,7 @@ class Manifest(_Section):
     parity: Parity
     onnx: OnnxSection | None = None
     stablehlo: StableHLOSection | None = None
-    # reduced precision: "int8" | "bf16" | "int8-openvino" → how it runs and its accuracy gate; empty: fp32 only
+    # reduced precision (export/precisions.py `REDUCED`) → how it runs and its accuracy gate; empty: fp32 only
     precisions: dict[str, PrecisionVariant] = Field(default_factory=dict)
     gate: AccuracyGate | None = None
     # measured with the gate, when export writes variants; None in an fp32-only dir or one written before

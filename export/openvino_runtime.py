@@ -37,6 +37,7 @@ from pathlib import Path
 import numpy as np
 
 from .manifest import Manifest, read_manifest
+from .precisions import VariantUnavailable
 
 # OpenVINO's hint for each precision this loader compiles. int8-openvino: the products' constants int8
 # (`int8_weights`), the rest at the bf16 hint (f32 where the CPU has no bf16 units: OpenVINO's own choice)
@@ -294,6 +295,35 @@ def load_compiled(
         for bucket in sorted(manifest.onnx.buckets)
         if buckets is None or bucket in buckets
     }
+
+
+def load_variant(
+    export_dir: str | Path, manifest: Manifest, precision: str, buckets: list[int] | None = None
+) -> dict[int, CompiledBucket]:
+    """`load_compiled` for the accuracy gate and the latency record (export/gate.py `variant_runner`): the buckets
+    compiled at `precision` only where they run as that precision here, else `VariantUnavailable` saying why
+    (a measurement would be of something else): OpenVINO not installed; int8-openvino on a CPU without int8 dot
+    products, where OpenVINO decompresses the weights; bf16 where OpenVINO runs f32 instead."""
+    from .cpu import cpu_description
+
+    if not openvino_available():
+        raise VariantUnavailable(f"OpenVINO is not installed (the runtime of {precision}: pip install openvino)")
+    if precision == "int8-openvino":
+        from .cpu import has_exact_int8_products
+
+        if not has_exact_int8_products():
+            raise VariantUnavailable(
+                f"this CPU ({cpu_description()}) has no VNNI or AMX-INT8, so OpenVINO would decompress the int8 "
+                "weights rather than run int8 products"
+            )
+    compiled = load_compiled(export_dir, precision, buckets=buckets, manifest=manifest)
+    if precision == "bf16":
+        effective = effective_precision(next(iter(compiled.values())))
+        if effective != "bf16":
+            raise VariantUnavailable(
+                f"OpenVINO runs {effective} on this CPU ({cpu_description()}): no AVX512_BF16 or AMX"
+            )
+    return compiled
 
 
 def effective_precision(bucket: CompiledBucket) -> str:

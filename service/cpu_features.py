@@ -23,23 +23,21 @@ kernels exist but emulate, and are no faster than fp32 or slower):
 
 On the CPU the export timed the variants on (the same model name and flags), `auto` serves per
 bucket the fastest of fp32 and the variants that passed there, by those figures: they are this
-model's on this CPU. Memory counts too: fp32 and int8 run on ONNX Runtime over the one copy of the
-model's weights, while bf16 and int8-openvino run on OpenVINO, whose every compiled bucket adds its products'
-weights repacked and memory of its own: ~20-40 MB a bucket for a d = 256 model once warm-up's buffers are given
-back, about the same at every length. So OpenVINO serves at most `openvino_buckets` buckets of a model
-(`OPENVINO_BUCKETS`, 2), those where it saves the most milliseconds a call, which grow with the length, and only
-where it measured `openvino_min_speedup` times faster than the ONNX Runtime choice there (`OPENVINO_MIN_SPEEDUP`,
-1.1x, the record's noise). On the 2-core VNNI EPYC OpenVINO's int8 ran 2.7-2.8x fp32 at 4,096 tokens against ORT
-int8's 2.0-2.5x, and it is taken at 2,048 and 4,096 for the five defaults. Taken wherever it measured 1.5x faster
-(mostly at 128 and 256, where ORT's int8 is slow to start) and at each model's longest, it took 14 buckets of the
-five, which then held 1,063 MB ready against 627 MB all on ORT (`bigs bench memory`). The settings
-`auto_openvino_buckets` and `auto_openvino_min_speedup` change both; a large count and 1 take the fastest
-whatever its memory. Elsewhere (another CPU, or a dir without the figures) it goes by the flags:
-preference among the precisions a CPU runs fast and whose variants passed, `preference`, from
-measurements of the served variants (docs/DESIGN.md §4.5): on a VNNI CPU without AMX, ORT int8
-beats fp32 at every bucket and OpenVINO bf16 on AVX512_BF16 does not beat int8; on AMX both are
-fast and bf16 through OpenVINO uses AMX-BF16 tiles for every product, int8 through ORT only for
-the weight products.
+model's on this CPU, where a ranking measured on another CPU says little (int8's and bf16's gains depend on
+the CPU's units). Memory counts too: fp32 and int8 run on ONNX Runtime over the one copy of the
+model's weights, while the precisions on OpenVINO (export/precisions.py `ON_OPENVINO`) hold, per compiled bucket,
+their products' weights repacked and memory of their own, about the same at every length. So OpenVINO serves at
+most `openvino_buckets` buckets of a model (`OPENVINO_BUCKETS`), those where it saves the most milliseconds a
+call, which grow with the length, and only where it measured `openvino_min_speedup` times faster than the ONNX
+Runtime choice there (`OPENVINO_MIN_SPEEDUP`, beyond the record's noise): its gains are largest at the longest
+buckets, where a second runtime's memory is worth paying for, and not worth it at every bucket of every model.
+The settings `auto_openvino_buckets` and `auto_openvino_min_speedup` change both; a large count and 1 take the
+fastest whatever its memory (the measurements behind these defaults: docs/BENCHMARKS.md). Elsewhere (another
+CPU, or a dir without the figures) it goes by the flags: preference among the precisions a CPU runs fast and
+whose variants passed, `preference`, read from the registry (`by_flags`, `preferred_with`): on a VNNI CPU without
+AMX, ORT's int8 beats fp32 and OpenVINO's bf16 on AVX512_BF16 does not beat int8; on AMX both are fast, and bf16
+through OpenVINO uses AMX-BF16 tiles for every product where int8 through ORT uses them only for the weight
+products.
 """
 
 from __future__ import annotations
@@ -47,7 +45,6 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Literal
 
 from export.cpu import (  # noqa: F401  (the CPU, read once)
     FLAG_NAMES,
@@ -57,31 +54,20 @@ from export.cpu import (  # noqa: F401  (the CPU, read once)
     has_exact_int8_products,
 )
 from export.manifest import LatencyRecord
+from export.precisions import AUTO, FP32, NAMES, ON_OPENVINO, PRECISIONS, REDUCED, PrecisionSetting, in_words
+from export.precisions import PrecisionName as Precision
 
-Precision = Literal["fp32", "int8", "bf16", "int8-openvino"]
-PrecisionSetting = Literal["auto", "fp32", "int8", "bf16", "int8-openvino"]
-REDUCED: tuple[Precision, ...] = ("int8", "bf16", "int8-openvino")
-# The precisions OpenVINO serves, each compiled bucket with memory of its own (module docstring); the others run on
-# ONNX Runtime over the model's one copy of the weights
-ON_OPENVINO: tuple[Precision, ...] = ("bf16", "int8-openvino")
 PRECISION_FLAGS = ("amx_bf16", "amx_int8", "avx512_vnni", "avx_vnni", "avx512_bf16")
 
-# Which flags make a reduced precision fast, best first (any one suffices). int8 on AVX2 alone: ORT's
-# u8s8 kernels there (vpmaddubsw) still beat fp32, 1.74x at batch 1 and 128 tokens for bigs-mini-embed on
-# a 2-core AVX2 EPYC (its bucket-128 graph, 7-bit weights)
-FAST_WITH: dict[Precision, tuple[str, ...]] = {
-    "int8": ("amx_int8", "avx512_vnni", "avx_vnni", "avx2"),
-    "bf16": ("amx_bf16",),
-    # OpenVINO quantizes the activations at run time only where the CPU has int8 dot products
-    "int8-openvino": ("amx_int8", "avx512_vnni", "avx_vnni"),
-}
+# Which flags make a reduced precision fast, best first (any one suffices): the registry's `fast_with`
+FAST_WITH: dict[Precision, tuple[str, ...]] = {name: PRECISIONS[name].fast_with for name in REDUCED}
 FLAG_LABELS = {**FLAG_NAMES, "avx2": "AVX2"}  # the reasons' names of the flags (FLAG_NAMES: the CPU's identity)
 
 
-# OpenVINO (bf16, int8-openvino) is a second runtime: where fp32 and int8 share the model's one copy of the weights
+# OpenVINO (`ON_OPENVINO`) is a second runtime: where fp32 and int8 share the model's one copy of the weights
 # on ONNX Runtime, each bucket compiled by OpenVINO holds its products' weights repacked and memory of its own
-# (~20-40 MB for a d = 256 model once warm-up's buffers are given back). So `auto` serves on it at most this many
-# buckets of a model, those where it saves the most milliseconds a call by the latency record (module docstring)
+# (tens of MB a bucket for a d = 256 model). So `auto` serves on it at most this many buckets of a model, those
+# where it saves the most milliseconds a call by the latency record (module docstring)
 OPENVINO_BUCKETS = 2
 # ... and only where it measured this many times faster than the ONNX Runtime choice: beyond the record's noise (the
 # same graphs timed by two exports differ by a few percent)
@@ -96,12 +82,12 @@ def int8_saturates(variant, flags: Iterable[str]) -> bool:
 
 
 def preference(flags: frozenset[str]) -> tuple[Precision, ...]:
-    """Reduced precisions in the order `auto` tries them on a CPU with `flags` (fastest first). Not int8-openvino,
-    which `auto` serves only where the export measured it fast enough on this CPU to pay for OpenVINO's memory
-    (`_auto_by_latency`): no flag says it does."""
-    if "amx_bf16" in flags:
-        return ("bf16", "int8")
-    return ("int8", "bf16")
+    """Reduced precisions in the order `auto` tries them on a CPU with `flags` (fastest first): those the registry
+    lets auto take by flags (`by_flags`), the ones this CPU has a `preferred_with` flag for first, else in the
+    registry's order. Not a precision `auto` serves only where the export measured it fast enough on this CPU
+    (int8-openvino, which must pay for OpenVINO's memory; `_auto_by_latency`): no flag says it does."""
+    by_flags = [name for name in REDUCED if PRECISIONS[name].by_flags]
+    return tuple(sorted(by_flags, key=lambda name: not flags & set(PRECISIONS[name].preferred_with)))
 
 
 @dataclass(frozen=True)
@@ -128,14 +114,14 @@ MIXED = "mixed"  # what `precision` says of a model served at more than one prec
 def summary_precision(by_bucket: dict[int, str]) -> str:
     """The one precision every bucket is served at, or "mixed" (a model without buckets: fp32)."""
     served = set(by_bucket.values())
-    return served.pop() if len(served) == 1 else (MIXED if served else "fp32")
+    return served.pop() if len(served) == 1 else (MIXED if served else FP32)
 
 
 def dominant_precision(by_bucket: dict[int, str]) -> str:
     """The precision of the most buckets (a tie: the shortest bucket's), for a field that takes one
     precision (TEI's `model_dtype`)."""
     counts = Counter(p for _, p in sorted(by_bucket.items()))  # insertion order breaks ties
-    return counts.most_common(1)[0][0] if counts else "fp32"
+    return counts.most_common(1)[0][0] if counts else FP32
 
 
 @dataclass(frozen=True)
@@ -149,7 +135,7 @@ class PrecisionChoice:
         return summary_precision(self.by_bucket)
 
     def explain(self) -> str:
-        setting = "auto" if self.precision == MIXED else self.precision
+        setting = AUTO if self.precision == MIXED else self.precision
         return f"precision {setting}: " + "; ".join(self.reasons)
 
 
@@ -180,8 +166,8 @@ def choose_precision(
     `preference(flags)` that this CPU runs fast, that the dir has and whose gate passed at that bucket;
     fp32 at a bucket where none does."""
     flags, buckets = frozenset(flags), sorted(buckets)
-    if setting == "fp32":
-        return PrecisionChoice(dict.fromkeys(buckets, "fp32"), ["fp32 asked for"])
+    if setting == FP32:
+        return PrecisionChoice(dict.fromkeys(buckets, FP32), ["fp32 asked for"])
     if setting in REDUCED:
         status = variants.get(setting, VariantStatus(present=False))
         if not status.present:
@@ -200,8 +186,8 @@ def choose_precision(
             dict.fromkeys(buckets, setting),
             [f"{setting} asked for" + ("" if fast else " (this CPU has no flag that makes it fast)")],
         )
-    if setting != "auto":
-        raise ValueError(f"unknown precision {setting!r}: auto, fp32, int8, bf16 or int8-openvino")
+    if setting != AUTO:
+        raise ValueError(f"unknown precision {setting!r}: {in_words((AUTO, *NAMES))}")
 
     figures, not_measured = latency_here(latency, cpu, variants, buckets)
     if figures is not None:
@@ -226,9 +212,7 @@ def choose_precision(
             whole_model[precision] = f"not {precision}: failed its accuracy gate ({status.detail})"
         else:
             usable.append(precision)
-    by_bucket: dict[int, Precision] = {
-        b: next((p for p in usable if variants[p].passed_at(b)), "fp32") for b in buckets
-    }
+    by_bucket: dict[int, Precision] = {b: next((p for p in usable if variants[p].passed_at(b)), FP32) for b in buckets}
 
     if len(set(by_bucket.values())) <= 1:  # one precision everywhere: the reasons in preference order
         served = summary_precision(by_bucket)
@@ -248,14 +232,14 @@ def choose_precision(
 
     # Mixed: per precision served, its buckets and why the candidates before it were not taken there.
     reasons = []
-    for precision in (*preference(flags), "fp32"):
+    for precision in (*preference(flags), FP32):
         if precision in whole_model:
             reasons.append(whole_model[precision])
         at = [b for b in buckets if by_bucket[b] == precision]
         if not at:
             continue
         why = []
-        if precision != "fp32":
+        if precision != FP32:
             fast = FLAG_LABELS[fast_flag(precision, flags)]
             why.append(f"its gate passed there; preferred for CPUs with {fast}: {not_measured}")
         for earlier in usable[: usable.index(precision)] if precision in usable else usable:
@@ -282,8 +266,8 @@ def latency_here(
     if latency.measured_on != cpu:
         return None, f"latency was measured on another CPU, {latency.measured_on}"
     ms = latency.ms
-    for precision in ("fp32", *REDUCED):
-        status = variants.get(precision, FP32_STATUS if precision == "fp32" else VariantStatus(False))
+    for precision in (FP32, *REDUCED):
+        status = variants.get(precision, FP32_STATUS if precision == FP32 else VariantStatus(False))
         missing = [b for b in buckets if status.passed_at(b) and b not in ms.get(precision, {})]
         if missing:
             return None, f"the latency record has no {precision} figure at {', '.join(map(str, missing))}"
@@ -321,7 +305,7 @@ def _auto_by_latency(
             usable.append(precision)
 
     def candidates(bucket: int) -> list[str]:  # in tie-breaking order: the flags' preference, then fp32
-        return [p for p in usable if variants[p].passed_at(bucket)] + ["fp32"]
+        return [p for p in usable if variants[p].passed_at(bucket)] + [FP32]
 
     def fastest_on_one_copy(bucket: int) -> Precision:  # ONNX Runtime's: fp32 or int8, over the one weights copy
         return min((p for p in candidates(bucket) if p not in ON_OPENVINO), key=lambda p: ms[p][bucket])
@@ -347,7 +331,7 @@ def _auto_by_latency(
     )
 
     reasons = list(whole_model)
-    for precision in (*usable, "fp32"):
+    for precision in (*usable, FP32):
         at = [b for b in buckets if by_bucket[b] == precision]
         if not at:
             continue
@@ -445,7 +429,7 @@ def precision_for_model(
         if setting in REDUCED:
             raise PrecisionUnavailable(f"precision {setting} needs runtime onnx (runtime {runtime} serves fp32)")
         buckets = manifest.buckets if manifest is not None else []
-        return PrecisionChoice(dict.fromkeys(buckets, "fp32"), [f"runtime {runtime} serves fp32"])
+        return PrecisionChoice(dict.fromkeys(buckets, FP32), [f"runtime {runtime} serves fp32"])
     flags, cpu = cpu_flags(), cpu_description()
     return choose_precision(
         setting,

@@ -20,6 +20,8 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from fastapi.security import HTTPBearer
 from pydantic import BaseModel, ValidationError
 
+from export.precisions import PRECISIONS
+
 from . import package_version
 from .cpu_features import dominant_precision
 from .engine import Answer
@@ -468,7 +470,7 @@ async def tei_decode(body: TEIDecodeRequest, request: Request):
 
 # TEI's words for the precision served. TEI's `model_dtype` is one dtype: a model served at several
 # precisions (auto, per bucket) gives the precision of most of its buckets; /v1/models has them all.
-MODEL_DTYPE = {"fp32": "float32", "int8": "int8", "bf16": "bfloat16", "int8-openvino": "int8"}
+MODEL_DTYPE = {name: spec.tei_dtype for name, spec in PRECISIONS.items()}
 
 
 @tei.get("/info", summary="The default model and the service's limits (TEI)", response_model=TEIInfo,

@@ -11,6 +11,8 @@ from typing import Annotated, Literal
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
+from export.precisions import PrecisionSetting
+
 from .cpu_features import OPENVINO_BUCKETS, OPENVINO_MIN_SPEEDUP
 
 
@@ -32,7 +34,7 @@ class ServiceSettings(BaseSettings):
         "onnx",
         description="what runs the model: ONNX Runtime, the StableHLO artifacts (jax), or eager torch (the reference)",
     )
-    precision: Literal["auto", "fp32", "int8", "bf16", "int8-openvino"] = Field(
+    precision: PrecisionSetting = Field(
         "auto",
         description="auto: per model and bucket, the fastest reduced-precision variant of its export dir that "
         "passed its accuracy gate at that bucket and that this CPU runs fast (int8 with VNNI or AMX-INT8, bf16 with "

@@ -627,10 +627,11 @@ def decide_refusal(report: Report, artifact_dir: Path, precision: str, limit: fl
     int8 floor (export/manifest.py `INT8_FLOOR_FILE`; none where the export had none); beyond, a floor the dir
     had is taken back with the refusal, since that many products in fp32 no longer keep it within."""
     from export.manifest import Int8Floor, RefusedPrecision, read_refusals, write_int8_floor, write_refusals
+    from export.precisions import REDUCED, in_words
 
-    if precision not in ("int8", "bf16", "int8-openvino"):
+    if precision not in REDUCED:
         raise ValueError(
-            f"--refuse-beyond judges one reduced precision (--precision int8, bf16 or int8-openvino), not {precision}"
+            f"--refuse-beyond judges one reduced precision (--precision {in_words(REDUCED)}), not {precision}"
         )
     card = artifact_dir / EVALUATION
     if not card.is_file():

@@ -29,14 +29,15 @@ from typing import Protocol
 import numpy as np
 
 from export.manifest import Manifest
+from export.precisions import FP32, ON_OPENVINO, PRECISIONS
 
-from ..cpu_features import ON_OPENVINO, summary_precision
+from ..cpu_features import summary_precision
 
 
 class Runtime(Protocol):
     kind: str
-    precision: str  # "fp32", "int8", "bf16", "int8-openvino", or "mixed" (service/cpu_features.py `summary_precision`)
-    precisions: dict[int, str]  # per bucket: "fp32" | "int8" | "bf16" | "int8-openvino"
+    precision: str  # one of export/precisions.py's names, or "mixed" (service/cpu_features.py `summary_precision`)
+    precisions: dict[int, str]  # per bucket: one of export/precisions.py's names
     heads: list[str]
     buckets: list[int]
 
@@ -57,9 +58,9 @@ def load_runtime(
 ) -> Runtime:
     """The runtime `kind` at `precision`, one for the model or one per bucket (already chosen:
     service/cpu_features.py); reduced precision is a variant of the ONNX graphs, so only `onnx` takes
-    it. bf16 and int8-openvino buckets run on OpenVINO, fp32 and int8 buckets on ORT."""
+    it. Each bucket runs on its precision's runtime (export/precisions.py): OpenVINO's (`ON_OPENVINO`) or ORT."""
     by_bucket = dict.fromkeys(manifest.buckets, precision) if isinstance(precision, str) else dict(precision)
-    if kind != "onnx" and set(by_bucket.values()) - {"fp32"}:
+    if kind != "onnx" and set(by_bucket.values()) - {FP32}:
         raise ValueError(f"precision {summary_precision(by_bucket)} needs runtime onnx (runtime {kind} serves fp32)")
     if kind == "onnx":
         from export.onnx_runtime import graph_weights, map_weights
@@ -71,16 +72,15 @@ def load_runtime(
             export_dir, manifest, in_memory=True, names=graph_weights(manifest, served_graphs(by_bucket))
         )
         parts: list[Runtime] = []
-        for on_openvino in ON_OPENVINO:  # bf16, int8-openvino: a compiled model per bucket, over the same weights
+        for on_openvino in ON_OPENVINO:  # a compiled model per bucket, over the same weights
             at = [b for b, p in by_bucket.items() if p == on_openvino]
             if at:
                 from .openvino import OpenVinoRuntime
 
                 parts.append(OpenVinoRuntime(export_dir, manifest, on_openvino, intra_op_threads, at, weights))
-                # int8-openvino's products are int8 now: their fp32 weights go, unless another graph reads them
-                if on_openvino == "int8-openvino":
-                    others = {b: p for b, p in by_bucket.items() if p != "int8-openvino"}
-                    weights.drop(parts[-1].weights_made_int8() - graph_weights(manifest, served_graphs(others)))
+                # products made int8 (int8-openvino's): their fp32 weights go, unless another graph reads them
+                others = {b: p for b, p in by_bucket.items() if p != on_openvino}
+                weights.drop(parts[-1].weights_made_int8() - graph_weights(manifest, served_graphs(others)))
         on_ort = {b: p for b, p in by_bucket.items() if p not in ON_OPENVINO}
         if on_ort:
             from .onnx import OnnxRuntime
@@ -101,9 +101,9 @@ def load_runtime(
 
 
 def served_graphs(by_bucket: dict[int, str]) -> list[tuple[int, str]]:
-    """(bucket, graph variant) of each bucket served at its precision: ORT runs the int8 graph for int8 and the
-    fp32 graph otherwise; OpenVINO compiles the fp32 graph for each of its precisions."""
-    return [(bucket, "int8" if precision == "int8" else "fp32") for bucket, precision in by_bucket.items()]
+    """(bucket, graph variant) of each bucket served at its precision: the graphs its registry entry runs
+    (export/precisions.py `graphs`: ORT the int8 graph for int8, OpenVINO the fp32 graph for each of its)."""
+    return [(bucket, PRECISIONS[precision].graphs) for bucket, precision in by_bucket.items()]
 
 
 class PerBucketRuntime:
