@@ -29,7 +29,6 @@ from two threads, and one OpenVINO infer request must not run two inferences at 
 
 from __future__ import annotations
 
-import importlib
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -37,7 +36,7 @@ from pathlib import Path
 import numpy as np
 
 from .manifest import Manifest, read_manifest
-from .precisions import VariantUnavailable
+from .precisions import VariantUnavailable, importable
 
 # OpenVINO's hint for each precision this loader compiles. int8-openvino: the products' constants int8
 # (`int8_weights`), the rest at the bf16 hint (f32 where the CPU has no bf16 units: OpenVINO's own choice)
@@ -48,16 +47,8 @@ INFERENCE_PRECISION = {"fp32": "f32", "bf16": "bf16", "int8-openvino": "bf16"}
 INT8_ACTIVATION_GROUP = 256
 
 
-def _importable(module: str) -> bool:
-    try:
-        importlib.import_module(module)
-    except ImportError:
-        return False
-    return True
-
-
 def openvino_available() -> bool:
-    return _importable("openvino")
+    return importable("openvino")
 
 
 @dataclass
@@ -131,7 +122,7 @@ def share_weights(model, arrays: dict[str, np.ndarray]) -> int:
 
 
 def nncf_available() -> bool:
-    return _importable("nncf")
+    return importable("nncf")
 
 
 def quantize_int8_nncf(src: str | Path, dst: str | Path, calibration: list[dict[str, np.ndarray]]) -> None:

@@ -24,6 +24,7 @@ This module imports nothing of the project at load, so export/manifest.py can ty
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal, get_args
@@ -48,20 +49,28 @@ def _always() -> bool:
     return True
 
 
+def importable(module: str) -> bool:
+    """Whether a package imports here: a runtime of an extra (OpenVINO) decides what export may write. Here
+    rather than in that runtime's module, which imports this table: one direction, no cycle."""
+    try:
+        importlib.import_module(module)
+    except ImportError:
+        return False
+    return True
+
+
 def _openvino_with_bf16_units() -> bool:
     # elsewhere OpenVINO would compute f32 and there would be no bf16 to record
     from .cpu import has_bf16_units
-    from .openvino_runtime import openvino_available
 
-    return openvino_available() and has_bf16_units()
+    return importable("openvino") and has_bf16_units()
 
 
 def _openvino_with_int8_dot_products() -> bool:
     # VNNI or AMX-INT8: elsewhere OpenVINO would decompress the int8 weights rather than quantize the activations
     from .cpu import has_exact_int8_products
-    from .openvino_runtime import openvino_available
 
-    return openvino_available() and has_exact_int8_products()
+    return importable("openvino") and has_exact_int8_products()
 
 
 @dataclass(frozen=True)
