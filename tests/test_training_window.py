@@ -6,6 +6,7 @@ MLM head and a tiny corpus made here."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -156,3 +157,37 @@ def test_the_teacher_widened_from_8_bits_is_within_half_a_step_of_each_row(shipp
             assert np.all(np.abs(widened[key] - value) <= step / 2 + 1e-7), key
         else:
             assert np.array_equal(widened[key], value.astype(np.float16).astype(np.float32)), key
+
+
+def test_a_teacher_without_an_mlm_head_is_adapted_there_first_and_a_probe_sizes_the_run(shipped, tmp_path):
+    """The path the call takes where no adapted teacher was carried (the PyPI sentence encoder travels):
+    the teacher-mlm stage makes it a masked LM for --adapt-s, then a probe of the student's step sizes the
+    run to what the budget leaves (here nothing: one step), and the paper shape is skipped with its reason."""
+    import shutil
+
+    from transformers import BertConfig, BertModel
+
+    from model.tokenizer import BERT_UNCASED_VOCAB
+    from training.teacher import Teacher
+
+    base, _, _, _ = shipped
+    encoder = tmp_path / "encoder"
+    config = BertConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64,
+                        max_position_embeddings=128)  # fmt: skip
+    BertModel(config).save_pretrained(str(encoder))
+    shutil.copyfile(BERT_UNCASED_VOCAB, encoder / "vocab.txt")
+    window.pack(base / "corpus", encoder, tmp_path / "bundle", room_bytes=64 * 2**20, seq_len=64)
+    out = tmp_path / "out"
+    argv = ["train", "--bundle", str(tmp_path / "bundle"), "--out", str(out), "--work", str(tmp_path / "work"),
+            "--batch-size", "8", "--budget-s", "60", "--adapt-s", "3", "--paper-least-s", "1000",
+            *[f"--set={o}" for o in TINY_STUDENT]]  # fmt: skip
+    with pytest.raises(SystemExit) as ended:
+        window.main(argv)
+    assert ended.value.code == 0
+    card = json.loads((out / window.CARD).read_text())
+    adapted = Path(card["teacher_adaptation"]["weights"])
+    assert Teacher.from_dir(adapted).has_mlm_head
+    assert card["student_card"]["distill"]["logits_teacher"]["path"] == str(adapted)
+    assert card["probe"]["steps"] == 30 and card["probe"]["tokens_per_s"] > 0
+    assert card["steps"] >= 1 and card["shipped"] and card["failed"] is None
+    assert "under 1000 s" in card["paper_shape"]["skipped"]

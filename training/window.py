@@ -308,7 +308,8 @@ def student_config(data_dir: Path, teacher_dir: Path, run_dir: Path, batch_size:
     the carried teacher's answers distilled beside the MLM loss."""
     from training.config import load_config
 
-    card = json.loads((data_dir / "data_card.json").read_text())["config"]
+    data_card = json.loads((data_dir / "data_card.json").read_text())
+    card = data_card["config"]
     distill = {
         "teacher": str(teacher_dir), "init_from_teacher": True, "hidden_weight": 0.0,
         "embedding_weight": embedding_weight, "logits_teacher": str(teacher_dir), "logits_weight": 1.0,
@@ -316,6 +317,7 @@ def student_config(data_dir: Path, teacher_dir: Path, run_dir: Path, batch_size:
     }  # fmt: skip
     return load_config(STUDENT_RECIPE, [
         f"output_dir={run_dir}", f"data.data_dir={data_dir}", f"data.sources={json.dumps(card['sources'])}",
+        f"data.seq_len={data_card['seq_len']}",  # the length the rows travelled at
         f"data.repeat={json.dumps(card.get('train_repeats', {}))}", f"data.max_docs={json.dumps(card['max_docs'])}",
         f"seed={card['seed']}", f"batch_size={batch_size}", f"num_steps={num_steps}", f"eval_every={num_steps}",
         f"checkpoint_every={num_steps}", f"log_every={max(1, min(50, num_steps // 4))}",
@@ -332,9 +334,11 @@ def adapt_teacher(
     from training.config import load_config
     from training.stages import run
 
-    card = json.loads((data_dir / "data_card.json").read_text())["config"]
+    data_card = json.loads((data_dir / "data_card.json").read_text())
+    card = data_card["config"]
     config = load_config(REPO / "training" / "recipes" / "teacher-mlm.toml", [
         f"output_dir={run_dir}", f"init_from={teacher_dir}", f"data.data_dir={data_dir}",
+        f"data.seq_len={data_card['seq_len']}",
         f"data.sources={json.dumps(card['sources'])}", f"data.repeat={json.dumps(card.get('train_repeats', {}))}",
         f"data.max_docs={json.dumps(card['max_docs'])}", f"seed={card['seed']}", f"batch_size={batch_size}",
         "num_steps=1000000", "eval_every=1000000", "checkpoint_every=1000000", "log_every=50",
