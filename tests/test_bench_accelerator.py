@@ -170,7 +170,8 @@ def test_the_check_script_refuses_a_tree_over_the_limit_and_prints_the_call_from
     clone = tmp_path / "clone"
     subprocess.run(["git", "clone", "--quiet", "--shared", str(ROOT), str(clone)], check=True)
     script = clone / "scripts" / "accelerator_check.sh"
-    script.write_text((ROOT / "scripts" / "accelerator_check.sh").read_text())  # this tree's version
+    for name in ("accelerator_check.sh", "device_call.sh"):  # this tree's versions
+        (clone / "scripts" / name).write_text((ROOT / "scripts" / name).read_text())
     (clone / ".whl").mkdir()
     (clone / ".whl" / "pydantic-2-py3-none-any.whl").write_bytes(b"stand-in: only its size is read")
     env = {"PATH": os.environ["PATH"], "PYTHON": sys.executable, "HOME": str(tmp_path)}

@@ -63,9 +63,15 @@ BatchSource = Callable[[int], dict[str, np.ndarray]]  # step → global batch
 
 
 def maybe_initialize_distributed() -> None:
-    """Join a multi-host run when the environment describes one; a no-op on one host."""
+    """Join a multi-host run when the environment describes one; a no-op on one host.
+
+    JAX reads JAX_COORDINATOR_ADDRESS itself, but the process count and this process's id only from a
+    cluster it recognises (Slurm, Open MPI, a TPU pod, Kubernetes): elsewhere they are passed from
+    JAX_NUM_PROCESSES and JAX_PROCESS_ID, where set."""
     if os.environ.get("JAX_COORDINATOR_ADDRESS") or int(os.environ.get("JAX_NUM_PROCESSES", "1")) > 1:
-        jax.distributed.initialize()
+        given = {key: int(os.environ[name]) for key, name in (("num_processes", "JAX_NUM_PROCESSES"),
+                                                              ("process_id", "JAX_PROCESS_ID")) if name in os.environ}  # fmt: skip
+        jax.distributed.initialize(**given)
 
 
 def data_parallel_mesh(devices=None) -> Mesh:
@@ -117,7 +123,9 @@ class Trainer:
             make_train_step(task.apply_fn, task.loss_sums, self.optimizer),
             donate_argnums=(0,),
         )
-        self._eval_step = jax.jit(make_eval_step(task.apply_fn, task.loss_sums))
+        # Replicated out: each process reads every row's predictions (on several hosts a sharded output
+        # has rows on devices this process cannot read back).
+        self._eval_step = jax.jit(make_eval_step(task.apply_fn, task.loss_sums), out_shardings=self.replicated)
         self.metrics_path = self.out / "metrics.jsonl"
         self.throughput: Throughput | None = None  # set by the first step of fit()
         self.checkpoints = ocp.CheckpointManager(
