@@ -13,6 +13,8 @@
                            profiler or OpenVINO's counters; the dense-MatMul floor
     train_step.py          `bigs bench train`: one training step on this CPU, split, beside its floor
     accelerator.py         `bigs bench accelerator`: training, exact resume and serving on a GPU, in a time budget
+    window.py              a GPU window's one call: the fill-mask default distilled there and shipped back as
+                           fp16 shards (`python -m bench.window`, scripts/gpu_train.sh), then the paper shape's speed
 
 What they measured is in bench/RESULTS.md (not installed).
 """

