@@ -12,12 +12,7 @@
 from __future__ import annotations
 
 import pytest
-from precision_fixtures import (
-    ALDER_LAKE,
-    SAPPHIRE_RAPIDS,
-    SKYLAKE,
-    ZEN4,
-)
+from precision_fixtures import ALDER_LAKE, SAPPHIRE_RAPIDS, SKYLAKE, ZEN4
 
 from service.cpu_features import (
     OPENVINO_BUCKETS,

@@ -11,10 +11,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from precision_fixtures import (
-    _int8_first_then_fp32,
-    _with_latency,
-)
+from precision_fixtures import _int8_first_then_fp32, _with_latency
 
 from service.cpu_features import (
     OPENVINO_BUCKETS,

@@ -14,12 +14,7 @@ import json
 
 import numpy as np
 import pytest
-from precision_fixtures import (
-    VARIANT_BUCKETS,
-    _tampered_copy,
-    bf16_runs_here,
-    int8_openvino_runs_here,
-)
+from precision_fixtures import VARIANT_BUCKETS, _tampered_copy, bf16_runs_here, int8_openvino_runs_here
 
 
 @pytest.mark.slow

@@ -12,11 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from precision_fixtures import (
-    VARIANT_BUCKETS,
-    bf16_runs_here,
-    int8_openvino_runs_here,
-)
+from precision_fixtures import VARIANT_BUCKETS, bf16_runs_here, int8_openvino_runs_here
 
 
 def _runtime(export_dir, precision):
