@@ -184,30 +184,74 @@ def other_vocab_teacher(tmp_path):
 # -- the service's tiny exported models (tests/service_fixtures.py), shared by every service test module --
 
 
+def _once_per_run(tmp_path_factory, name: str, exports: tuple[str, ...], build, root=None) -> dict:
+    """{export: its dir (root/export-<export>)}, `build(root)` run once per test run and shared by the run's
+    pytest-xdist workers; `root` given (SERVICE_TEST_EXPORTS), kept between runs."""
+    from filelock import FileLock
+
+    if root is None and "PYTEST_XDIST_WORKER" not in os.environ:  # one process: its own tmp dir
+        root = tmp_path_factory.mktemp(name)
+    elif root is None:  # xdist workers: the run's tmp dir, above each worker's own, and the first to get there builds
+        root = tmp_path_factory.getbasetemp().parent / name
+    outs = {export: root / f"export-{export}" for export in exports}
+    root.parent.mkdir(parents=True, exist_ok=True)
+    with FileLock(str(root) + ".lock"):
+        if not all((out / "manifest.json").is_file() for out in outs.values()):
+            outs = build(root)
+    return outs
+
+
 @pytest.fixture(scope="session")
 def exports(tmp_path_factory):
     """{"mlm", "cls": export dirs, "art-mlm", "art-cls": their artifacts}; built once per run (shared by the
     run's pytest-xdist workers), or kept between runs in SERVICE_TEST_EXPORTS."""
     from pathlib import Path
 
-    from filelock import FileLock
     from service_fixtures import build_exports
 
     keep = os.environ.get("SERVICE_TEST_EXPORTS")
-    if keep:
-        root = Path(keep)
-    elif "PYTEST_XDIST_WORKER" not in os.environ:  # one process: its own tmp dir
-        root = tmp_path_factory.mktemp("service-models")
-    else:  # xdist workers: the run's tmp dir, above each worker's own, and the first to get there builds
-        root = tmp_path_factory.getbasetemp().parent / "service-models"
-    outs = {name: root / f"export-{name}" for name in ("mlm", "cls")}
-    root.parent.mkdir(parents=True, exist_ok=True)
-    with FileLock(str(root) + ".lock"):
-        if not all((out / "manifest.json").is_file() for out in outs.values()):
-            outs = build_exports(root)
+    outs = _once_per_run(
+        tmp_path_factory, "service-models", ("mlm", "cls"), build_exports, Path(keep) if keep else None
+    )
+    root = outs["mlm"].parent
     return {**outs, "art-mlm": root / "art-mlm", "art-cls": root / "art-cls"}
 
 
 @pytest.fixture(scope="session")
 def logs(tmp_path_factory):
     return tmp_path_factory.mktemp("service-logs")
+
+
+# -- reduced precision: the variants' export dirs (tests/precision_fixtures.py), shared by the precision test files --
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tmp_path_factory):
+    """The project's BERT uncased WordPiece, as the export dirs hold it (tokenizer.json)."""
+    from tokenizers import Tokenizer
+
+    from model.tokenizer import save_tokenizer
+
+    out = tmp_path_factory.mktemp("tokenizer")
+    save_tokenizer(out)
+    tokenizer = Tokenizer.from_file(str(out / "tokenizer.json"))
+    tokenizer.no_truncation()
+    return tokenizer
+
+
+@pytest.fixture(scope="session")
+def variant_exports(tmp_path_factory):
+    """{"mlm", "cls": export dirs} with int8, bf16 and int8-openvino variants (precision_fixtures.py
+    `build_variant_exports`); built once per run, shared by the run's pytest-xdist workers."""
+    from precision_fixtures import build_variant_exports
+
+    return _once_per_run(tmp_path_factory, "precision", ("mlm", "cls"), build_variant_exports)
+
+
+@pytest.fixture(scope="session")
+def default_exports(tmp_path_factory):
+    """{"cls", "mlm", "cls-none": export dirs} of `bigs export` without --precisions (precision_fixtures.py
+    `build_default_exports`); built once per run, shared by the run's pytest-xdist workers."""
+    from precision_fixtures import DEFAULT_EXPORTS, build_default_exports
+
+    return _once_per_run(tmp_path_factory, "default-precisions", DEFAULT_EXPORTS, build_default_exports)
