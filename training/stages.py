@@ -739,7 +739,7 @@ def _weights_writer(
 def _stopped(config: TrainConfig, trainer: Trainer) -> Path:
     """A slice that stopped before num_steps: its checkpoint and weights dir are the result (no
     artifact dir, no final evaluation; trainer.fit printed where it stopped and how to go on)."""
-    if trainer.metrics_path.is_file():
+    if trainer.writer and trainer.metrics_path.is_file():
         plot_curves(trainer.metrics_path, Path(config.output_dir) / "curves.png")
     return weights_dir(config.output_dir, trainer.step)
 
@@ -755,8 +755,10 @@ def _finish(
     bert_base=None,
 ) -> Path:
     out = Path(config.output_dir)
+    params = trainer.final_params()  # every process: gathering the final parameters is a collective
+    if not trainer.writer:  # one process writes the run dir's files; two writing one artifact race
+        return out / "artifact"
     plot_curves(trainer.metrics_path, out / "curves.png")
-    params = trainer.final_params()
     artifact = write_artifact(
         out / "artifact", model_config, student_params(params), architecture, card, tokenizer,
         weights_storage=config.weights_storage, embedding_dense=embedding_dense_of(params) if with_dense else None,
