@@ -405,13 +405,13 @@ def cmd_bench(args: argparse.Namespace) -> None:
 
 
 def cmd_eval(args: argparse.Namespace) -> None:
-    from export.precisions import REDUCED, in_words
+    from export.precisions import FP32, REDUCED, in_words
     from training.evaluation import decide_refusal, evaluate, evaluate_lengths
 
     if args.refuse_beyond is not None and (args.artifact is None or args.precision not in REDUCED):
         fail("eval", "--refuse-beyond judges one reduced precision of an export against its artifact: give "
              f"--precision {in_words(REDUCED)} and --artifact DIR")  # fmt: skip
-    if args.lengths is not None and (args.data_dir is None or args.precision != "fp32"):
+    if args.lengths is not None and (args.data_dir is None or args.precision != FP32):
         fail("eval", "--lengths scores an artifact dir's masked tokens on a built corpus: give --data-dir DIR")
     try:
         if args.lengths is not None:
@@ -482,7 +482,7 @@ class LazyParser(argparse.ArgumentParser):
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="bigs", description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    from export.precisions import AUTO, FP32, NAMES  # the registry alone: imports nothing else of the project
+    from export.precisions import AUTO, FP32, INT8, NAMES  # the registry alone: imports nothing else of the project
     from service import package_version  # the package's own __init__: imports nothing of the server
 
     parser.add_argument("--version", action="version", version=f"%(prog)s {package_version()}")
@@ -568,7 +568,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     export.add_argument("--buckets", default=None, help="comma-separated lengths (default 128..4096, capped)")
     export.add_argument("--formats", default="onnx,stablehlo", help="comma-separated: onnx, stablehlo")
-    export.add_argument("--quantize", choices=["int8"], default=None, help="also write int8 ONNX graphs")
+    export.add_argument("--quantize", choices=[INT8], default=None, help="also write int8 ONNX graphs")
     export.add_argument(
         "--precisions",
         default=None,

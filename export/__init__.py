@@ -41,5 +41,5 @@ model and nothing above it, and no two of its modules import each other round a 
 precisions, manifest, integrity, heads, progress, cpu and the three runtime modules, which import no torch, flax or model
 code; besides them, modules (its torch runtime, service/runtimes/torch_eager.py, for an artifact dir served
 before its export exists) and build (`describe_artifact_dir`, the same case), both only where torch is
-installed. Training imports manifest, cpu and hub_files; the CLI and the benchmarks whatever they drive.
+installed. Training imports precisions, manifest, cpu and hub_files; the CLI and the benchmarks whatever they drive.
 """

@@ -47,7 +47,7 @@ from .manifest import (
     versions,
 )
 from .modules import SentenceEmbedding
-from .precisions import REDUCED, written_by_default_here
+from .precisions import INT8, REDUCED, written_by_default_here
 from .progress import Job, silent
 from .verify import DEFAULT_TOLERANCE
 
@@ -106,7 +106,7 @@ class ExportOptions:
         bad = [f for f in self.formats if f not in FORMATS]
         if bad:
             raise ValueError(f"unknown format(s) {bad}; choose from {FORMATS}")
-        if self.quantize not in (None, "int8"):
+        if self.quantize not in (None, INT8):
             raise ValueError(f"--quantize supports int8 only, got {self.quantize!r}")
         if self.int8_floor is not None and self.int8_floor < 0:
             raise ValueError(f"--int8-floor is a count of weight products, 0 or more, not {self.int8_floor}")
@@ -139,7 +139,7 @@ def variants_to_write(
     else:
         wanted = default_precisions()
     refused = dict(refused or {})
-    if options.int8_floor is not None and "int8" in wanted and refused.pop("int8", None) is not None:
+    if options.int8_floor is not None and INT8 in wanted and refused.pop(INT8, None) is not None:
         print(f"int8 written with --int8-floor {options.int8_floor} though the model dir refuses it ({REFUSALS_FILE}): "
               "score it with `bigs eval --precision int8 --refuse-beyond` to keep or refuse that floor")  # fmt: skip
     for precision in (p for p in wanted if p in refused):
@@ -242,14 +242,14 @@ def export_artifact(
     manifest.source = source
     manifest.refused = read_refusals(artifact_dir)
     if options.int8_floor is not None:  # int8 asked for at a floor of its own: measured, so not refused here
-        manifest.refused.pop("int8", None)
+        manifest.refused.pop(INT8, None)
 
     precisions = variants_to_write(options, manifest.tokenizer, manifest.refused)
     searched: Int8Search | None = None  # the int8 search's record, once it has run (at the first buckets)
     if "onnx" in options.formats:
         from .onnx import export_onnx
 
-        quantize = "int8" if "int8" in precisions else None
+        quantize = INT8 if INT8 in precisions else None
         onnx_lines = job.stage(len(buckets))
         graphs = " + int8" if quantize else ""  # int8 is quantized from each bucket's graph
         onnx_done = lambda b: onnx_lines.step(f"onnx bucket {b}{graphs}")
@@ -292,10 +292,10 @@ def export_artifact(
     if precisions:
         from .gate import measure_variants
 
-        already = {"int8": searched.gated_graphs()} if searched else {}
+        already = {INT8: searched.gated_graphs()} if searched else {}
         measure_variants(out_dir, manifest, precisions, job=job, already=already)
-        if "int8" in manifest.precisions and searched:
-            manifest.precisions["int8"].search = searched
+        if INT8 in manifest.precisions and searched:
+            manifest.precisions[INT8].search = searched
     record_hashes(manifest, out_dir)
     manifest.write(out_dir)
     return manifest

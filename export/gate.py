@@ -50,7 +50,7 @@ from .heads import MASK_POSITIONS, primary_head
 from .latency import HOW as LATENCY_HOW
 from .latency import measure_latency, one_request
 from .manifest import AccuracyGate, GateMeasured, GateThresholds, LatencyRecord, Manifest, PrecisionVariant
-from .precisions import FP32, PRECISIONS, Graphs, Runtime, VariantUnavailable
+from .precisions import FP32, FP32_GRAPHS, PRECISIONS, Graphs, Runtime, VariantUnavailable
 from .progress import Job, Progress
 
 GATE_TEXT = "gate_text.txt"
@@ -196,7 +196,7 @@ ORT_SPIN_WAIT = False
 def ort_sessions(
     export_dir: Path,
     manifest: Manifest,
-    variant: str = "fp32",
+    variant: str = FP32_GRAPHS,
     buckets: list[int] | None = None,
     intra_op_threads: int | None = None,
 ):

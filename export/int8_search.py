@@ -89,6 +89,7 @@ from onnx import numpy_helper
 from .gate import RunBatch, gate_batches, measure_gate, ort_runner, remembered
 from .heads import primary_head
 from .int8_recipe import Int8Recipe, copy_graph, weight_products, write_int8_graph
+from .precisions import INT8
 from .progress import Job
 
 if TYPE_CHECKING:
@@ -709,7 +710,7 @@ def export_recipe(export_dir: Path, manifest, tokenizer) -> Int8Recipe:
     weight products it left in fp32, and its smoothing factors computed again as `search_int8` computed
     them (the same fp32 graphs, gate text and ranking batches: deterministic). What `bigs bench precision`
     varies one lever at a time, so a column differs from the served graph by that lever alone."""
-    search = manifest.precisions["int8"].search if "int8" in manifest.precisions else None
+    search = manifest.precisions[INT8].search if INT8 in manifest.precisions else None
     if search is None:  # a dir written before the search, or without int8: the default recipe
         return Int8Recipe()
     recipe = Int8Recipe(  # the recipe of the buckets the search gated; a longer one's levers: `search.levers_at`

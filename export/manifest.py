@@ -42,7 +42,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from .heads import Head
-from .precisions import Graphs, PrecisionName, ReducedName, Runtime
+from .precisions import FP32_GRAPHS, INT8_GRAPHS, Graphs, PrecisionName, ReducedName, Runtime
 
 MANIFEST = "manifest.json"
 FORMAT_VERSION = 2  # 2: "heads" (was "tasks"), typed
@@ -511,11 +511,11 @@ class OnnxSection(_Section):
     weights: dict[str, WeightTensor] = Field(default_factory=dict)
     weights_sha256: str | None = None
 
-    def graph(self, bucket: int, variant: str = "fp32") -> OnnxGraph:
+    def graph(self, bucket: int, variant: str = FP32_GRAPHS) -> OnnxGraph:
         entry = self.buckets[bucket]
-        if variant == "fp32":
+        if variant == FP32_GRAPHS:
             return entry
-        if variant == "int8" and entry.int8 is not None:
+        if variant == INT8_GRAPHS and entry.int8 is not None:
             return entry.int8
         raise ValueError(f"bucket {bucket} has no {variant!r} graph (export with --quantize {variant})")
 

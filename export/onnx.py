@@ -27,6 +27,7 @@ from .int8_search import Int8Plan, Int8Request, plan_int8, search_buckets
 from .manifest import Int8Search, OnnxSection
 from .modules import SentenceEmbedding, formulation_for
 from .ort_optimization import OFFLINE_OPTIMIZATION_LEVEL, SESSION_OPTIONS, ort_optimize
+from .precisions import INT8, INT8_GRAPHS
 from .tracing import opset_for, torch_to_onnx, traced_ahead
 
 # Writes one bucket's int8 graph: (length, its finished fp32 graph, where to write the int8 one)
@@ -89,7 +90,7 @@ def export_onnx(
             write_int8(length, onnx_dir / f"{length}.onnx", q_opt)
             q_entry = {"file": f"onnx/{length}.int8.onnx", **formulation_for(length, model.config.routing).as_dict()}
             q_entry.update(finish_graph(q_opt, onnx_dir / f"{length}.int8.onnx", weights))
-            section["buckets"][str(length)]["int8"] = q_entry
+            section["buckets"][str(length)][INT8_GRAPHS] = q_entry
             for f in tmp.iterdir():  # keep the temp dir small for big models
                 os.remove(f)
             if done is not None:
@@ -110,7 +111,7 @@ def export_onnx(
             section["buckets"][str(length)] = entry
             for f in tmp.iterdir():
                 os.remove(f)
-            if quantize != "int8":
+            if quantize != INT8:
                 if done is not None:
                     done(length)
                 continue

@@ -35,6 +35,7 @@ import numpy as np
 import onnxruntime as ort
 
 from .manifest import Manifest, read_manifest
+from .precisions import FP32_GRAPHS
 
 
 @dataclass
@@ -162,7 +163,7 @@ def session_options(
 def load_sessions(
     export_dir: str | Path,
     buckets: list[int] | None = None,
-    variant: str = "fp32",
+    variant: str = FP32_GRAPHS,
     intra_op_threads: int | None = None,
     shared: MappedWeights | None = None,
     providers: list[str] | None = None,

@@ -36,11 +36,11 @@ from pathlib import Path
 import numpy as np
 
 from .manifest import Manifest, read_manifest
-from .precisions import VariantUnavailable, importable
+from .precisions import FP32, FP32_GRAPHS, VariantUnavailable, importable
 
 # OpenVINO's hint for each precision this loader compiles. int8-openvino: the products' constants int8
 # (`int8_weights`), the rest at the bf16 hint (f32 where the CPU has no bf16 units: OpenVINO's own choice)
-INFERENCE_PRECISION = {"fp32": "f32", "bf16": "bf16", "int8-openvino": "bf16"}
+INFERENCE_PRECISION = {FP32: "f32", "bf16": "bf16", "int8-openvino": "bf16"}
 # int8-openvino: how many of a token's activations share one scale when the plugin quantizes them at run time.
 # 256 (a product's whole row at d = 256, three groups of the FFN's 768) ran 1.2x faster than the plugin's 32 at 512
 # and 4,096 tokens on the five defaults, every embedding cosine 0.9994 or more (docs/BENCHMARKS.md)
@@ -276,7 +276,7 @@ def load_compiled(
     int8_shared = SharedInt8Weights(frozenset(manifest.onnx.weights))
     return {
         bucket: compile_graph(
-            export_dir / manifest.onnx.graph(bucket, "fp32").file,
+            export_dir / manifest.onnx.graph(bucket, FP32_GRAPHS).file,
             precision,
             threads,
             core,
@@ -321,4 +321,4 @@ def effective_precision(bucket: CompiledBucket) -> str:
     """The precision the compiled graph really runs at ("fp32" | "bf16"): OpenVINO falls back to f32
     where the CPU has no bf16 instructions, whatever the hint."""
     hint = str(bucket.compiled.get_property("INFERENCE_PRECISION_HINT")).lower()
-    return "bf16" if "bf16" in hint or "bfloat16" in hint else "fp32"
+    return "bf16" if "bf16" in hint or "bfloat16" in hint else FP32

@@ -33,6 +33,7 @@ from model.modeling_bigs import (
 from .heads import MASK_POSITIONS, SEQUENCE_INPUTS
 from .manifest import Manifest, Measured
 from .modules import SentenceEmbedding
+from .precisions import FP32_GRAPHS, INT8_GRAPHS
 
 POSITIONS_PER_SEQUENCE = 3
 ARCHITECTURES = {
@@ -213,7 +214,7 @@ def measure_onnx(
     export_dir: Path,
     manifest: Manifest,
     refs: References,
-    variant: str = "fp32",
+    variant: str = FP32_GRAPHS,
     done: Callable[[str], object] | None = None,
 ) -> dict[int, tuple[Measured, float | None]]:
     """{bucket: (differences, top-1 agreement)} of the ONNX graphs of one variant ("fp32", "int8").
@@ -302,7 +303,7 @@ def measure_export(
             if error_ratio(measured) > tolerance:
                 report.breaches.append(f"onnx bucket {bucket}: {describe(measured)} > tolerance {tolerance:g}")
         if any(graph.int8 is not None for graph in manifest.onnx.buckets.values()):
-            report.onnx_int8 = attempt("onnx int8", lambda: measure_onnx(export_dir, manifest, refs, "int8", done))
+            report.onnx_int8 = attempt("onnx int8", lambda: measure_onnx(export_dir, manifest, refs, INT8_GRAPHS, done))
     if manifest.stablehlo is not None:
         report.stablehlo = attempt("stablehlo", lambda: measure_stablehlo(export_dir, manifest, refs, done))
         for head, per_bucket in report.stablehlo.items():

@@ -37,6 +37,9 @@ AUTO = "auto"  # the setting that chooses per bucket (service/cpu_features.py)
 
 Runtime = Literal["onnxruntime", "openvino"]
 Graphs = Literal["fp32", "int8"]  # the graph files of a bucket (export/manifest.py `OnnxSection.graph`)
+# <bucket>.onnx and <bucket>.int8.onnx: named as the precisions that run them on ONNX Runtime, though bf16 and
+# int8-openvino run the fp32 graphs too (each spec's `graphs`)
+FP32_GRAPHS, INT8_GRAPHS = get_args(Graphs)
 # The files of the modules that run each runtime's precisions, the only ones besides this that name a precision
 # (tests/test_precision_registry.py): the export's loader and the service's runtime
 RUNNER_FILES: dict[Runtime, tuple[str, ...]] = {
@@ -176,6 +179,9 @@ PRECISIONS: dict[str, PrecisionSpec] = {
 
 NAMES: tuple[str, ...] = tuple(PRECISIONS)
 FP32 = NAMES[0]  # the reference
+# ONNX Runtime's reduced precision, the one that runs the int8 graphs: what `--quantize` asks for, what the int8
+# search searches and what a floor (`bigs export --int8-floor`) is of
+INT8 = next(name for name, spec in PRECISIONS.items() if spec.graphs == INT8_GRAPHS)
 REDUCED: tuple[str, ...] = tuple(name for name, spec in PRECISIONS.items() if spec.gated)
 ON_OPENVINO: tuple[str, ...] = tuple(name for name, spec in PRECISIONS.items() if spec.on_openvino)
 SETTINGS: tuple[str, ...] = (AUTO, *NAMES)

@@ -40,6 +40,7 @@ from .cpu import cpu_description
 from .integrity import check_files, unlisted_files
 from .manifest import GateMeasured, Manifest, PrecisionVariant, read_manifest
 from .modules import SentenceEmbedding
+from .precisions import INT8
 
 DEFAULT_TOLERANCE = 1e-4
 
@@ -111,7 +112,7 @@ def check_gates(
     from . import gate
 
     has_int8_graphs = manifest.onnx is not None and any(g.int8 for g in manifest.onnx.buckets.values())
-    if has_int8_graphs and "int8" not in manifest.precisions:
+    if has_int8_graphs and INT8 not in manifest.precisions:
         report.notes.append(
             "int8 graphs without an accuracy gate (the service does not serve them): "
             "export again with --precisions int8"

@@ -54,7 +54,7 @@ from export.cpu import (  # noqa: F401  (the CPU, read once)
     has_exact_int8_products,
 )
 from export.manifest import LatencyRecord
-from export.precisions import AUTO, FP32, NAMES, ON_OPENVINO, PRECISIONS, REDUCED, PrecisionSetting, in_words
+from export.precisions import AUTO, FP32, INT8, NAMES, ON_OPENVINO, PRECISIONS, REDUCED, PrecisionSetting, in_words
 from export.precisions import PrecisionName as Precision
 
 PRECISION_FLAGS = ("amx_bf16", "amx_int8", "avx512_vnni", "avx_vnni", "avx512_bf16")
@@ -386,13 +386,13 @@ def variant_statuses(
             detail = f"the model dir refuses it: {manifest.refused[precision].why()}"
             statuses[precision] = VariantStatus(present=False, detail=detail)
         elif variant is None:
-            detail = "export with --precisions int8" if precision == "int8" else ""
-            if precision == "int8" and manifest.onnx and any(g.int8 for g in manifest.onnx.buckets.values()):
+            detail = "export with --precisions int8" if precision == INT8 else ""
+            if precision == INT8 and manifest.onnx and any(g.int8 for g in manifest.onnx.buckets.values()):
                 detail = "int8 graphs without an accuracy gate: export again with --precisions int8"
             statuses[precision] = VariantStatus(present=False, detail=detail)
         elif variant.runtime == "openvino" and not _openvino_installed():
             statuses[precision] = VariantStatus(present=False, detail="OpenVINO is not installed: pip install openvino")
-        elif precision == "int8" and int8_saturates(variant, flags) and variant.measured_on != cpu:
+        elif precision == INT8 and int8_saturates(variant, flags) and variant.measured_on != cpu:
             detail = (f"its {variant.eight_bit_operands} saturate int8 products on this CPU (no VNNI or "
                       f"AMX-INT8), and its gate was measured on {variant.measured_on}: export again here "
                       "(7-bit weights, unsigned SSM inputs)")  # fmt: skip

@@ -42,6 +42,7 @@ import numpy as np
 import pydantic_core
 
 from export.manifest import Manifest
+from export.precisions import FP32
 
 from .admission import Admission
 from .batcher import DeadlineExceeded, Job, ModelBatcher, RuntimeFailure
@@ -142,7 +143,7 @@ class ModelEngine:
         if kind == settings.runtime:
             self.precision_choice = self._choose_precision(manifest)
         else:  # the artifact itself, the reference its export is measured against, until the export is done
-            self.precision_choice = PrecisionChoice(dict.fromkeys(manifest.buckets, "fp32"),
+            self.precision_choice = PrecisionChoice(dict.fromkeys(manifest.buckets, FP32),
                                                     ["the artifact on torch until its export is done"])  # fmt: skip
         self.runtime: Runtime = self._load_runtime(kind, self.export_dir, manifest, self.precision_choice)
         self.batcher = ModelBatcher(name, self.runtime, settings, metrics)

@@ -38,6 +38,7 @@ from pathlib import Path
 
 from export.integrity import require_intact, stale_reason
 from export.manifest import MANIFEST, Manifest, ManifestError, read_manifest
+from export.precisions import INT8
 
 from .collector import collect_after_switch
 
@@ -116,7 +117,7 @@ def current_export(target: Path, artifact: Path, runtime: str, verify_hashes: bo
     stale = stale_reason(manifest, artifact)
     if stale:
         return None, stale
-    if runtime == "onnx" and (manifest.onnx is None or "int8" not in manifest.precisions or manifest.latency is None):
+    if runtime == "onnx" and (manifest.onnx is None or INT8 not in manifest.precisions or manifest.latency is None):
         return None, "it has no ONNX graphs with a measured int8 variant"
     if runtime == "stablehlo" and manifest.stablehlo is None:
         return None, "it has no StableHLO artifacts"

@@ -44,6 +44,7 @@ from pathlib import Path
 
 import numpy as np
 
+from export.precisions import FP32, INT8, REDUCED, in_words
 from model.hub import EMBEDDING_ARCHITECTURE, EVALUATION
 from service.buckets import bucket_for
 from service.postprocess import l2_normalize
@@ -87,7 +88,7 @@ class Report:
     examples: list[dict] = field(default_factory=list)  # a few cloze answers, to read
     # what ran: "fp32" (an artifact, or an export asked for fp32), or an export's precision per bucket and the
     # CPU that decided it (precision auto), e.g. "auto on AMD EPYC (AVX512-VNNI, AVX512-BF16): int8"
-    precision: str = "fp32"
+    precision: str = FP32
 
     def table(self) -> str:
         lines = [f"{self.model} ({self.kind}, {self.architecture}, precision {self.precision})", ""]
@@ -179,7 +180,7 @@ class ExportModel:
 
     kind = "export"
 
-    def __init__(self, path: Path, precision: str = "fp32"):
+    def __init__(self, path: Path, precision: str = FP32):
         """`precision`: fp32, int8, bf16 or int8-openvino at every bucket, or "auto": per bucket what `bigs serve`'s precision
         auto serves on this CPU (service/cpu_features.py), so the figures are those of the served variant."""
         from export.manifest import read_manifest
@@ -255,7 +256,7 @@ def _card(path: Path) -> dict:
     return {}
 
 
-def open_model(path: str | Path, precision: str = "fp32"):
+def open_model(path: str | Path, precision: str = FP32):
     path = Path(path)
     if (path / "manifest.json").is_file():
         return ExportModel(path, precision)
@@ -616,7 +617,7 @@ def int8_floor_of(export_dir: str | Path) -> int:
 
     if not (Path(export_dir) / MANIFEST).is_file():
         return 0
-    variant = read_manifest(export_dir).precisions.get("int8")
+    variant = read_manifest(export_dir).precisions.get(INT8)
     return variant.search.floor if variant is not None and variant.search is not None else 0
 
 
@@ -627,7 +628,6 @@ def decide_refusal(report: Report, artifact_dir: Path, precision: str, limit: fl
     int8 floor (export/manifest.py `INT8_FLOOR_FILE`; none where the export had none); beyond, a floor the dir
     had is taken back with the refusal, since that many products in fp32 no longer keep it within."""
     from export.manifest import Int8Floor, RefusedPrecision, read_refusals, write_int8_floor, write_refusals
-    from export.precisions import REDUCED, in_words
 
     if precision not in REDUCED:
         raise ValueError(
@@ -639,21 +639,21 @@ def decide_refusal(report: Report, artifact_dir: Path, precision: str, limit: fl
     refused = read_refusals(artifact_dir)
     rows = json.loads(card.read_text())["rows"]
     cost = held_out_cost(report, rows, precision, limit)
-    floor = int8_floor_of(report.model) if precision == "int8" else 0
+    floor = int8_floor_of(report.model) if precision == INT8 else 0
     if cost is None or cost.points <= limit:
         refused.pop(precision, None)
         write_refusals(artifact_dir, refused)
         said = f"{precision} is within {limit:g} points of fp32 on every figure precise enough to tell: not refused"
-        if precision == "int8" and floor and cost is not None:
+        if precision == INT8 and floor and cost is not None:
             kept = write_int8_floor(artifact_dir, Int8Floor(fp32_products=floor, held_out=cost))
             said += f"; its floor of {floor} products in fp32 recorded in {kept}"
-        elif precision == "int8":
+        elif precision == INT8:
             write_int8_floor(artifact_dir, None)  # no floor was needed for this figure
         return said
     refused[precision] = found = RefusedPrecision(**cost.model_dump())
     path = write_refusals(artifact_dir, refused)
     said = f"{precision} refused in {path}: {found.why()}"
-    if precision == "int8":
+    if precision == INT8:
         write_int8_floor(artifact_dir, None)
         said += (
             f" (its int8 was searched from a floor of {floor} products in fp32; an export with more, "
@@ -665,7 +665,7 @@ def decide_refusal(report: Report, artifact_dir: Path, precision: str, limit: fl
 def evaluate(
     path: str | Path,
     data_dir: str | Path | None = None,
-    precision: str = "fp32",
+    precision: str = FP32,
     work_dir: str | Path = "runs/eval",
     teacher_dir: str | Path | None = None,
 ) -> Report:
@@ -673,7 +673,7 @@ def evaluate(
     from model.tokenizer import bert_uncased_tokenizer
 
     model = open_model(path, precision)
-    report = Report(str(path), model.kind, model.architecture, precision=getattr(model, "precision", "fp32"))
+    report = Report(str(path), model.kind, model.architecture, precision=getattr(model, "precision", FP32))
     if model.architecture == "BiGSForMaskedLM":
         rows, examples = score_cloze(model, bert_uncased_tokenizer(), read_cloze())
         report.rows += rows

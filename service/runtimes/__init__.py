@@ -54,7 +54,7 @@ def load_runtime(
     intra_op_threads: int = 0,
     ort_spin_wait: bool = False,
     ort_shared_arena: bool = True,
-    precision: str | dict[int, str] = "fp32",
+    precision: str | dict[int, str] = FP32,
 ) -> Runtime:
     """The runtime `kind` at `precision`, one for the model or one per bucket (already chosen:
     service/cpu_features.py); reduced precision is a variant of the ONNX graphs, so only `onnx` takes

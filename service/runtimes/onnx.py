@@ -14,6 +14,7 @@ import onnxruntime as ort
 from export.heads import MASK_POSITIONS, placeholder_inputs, signature
 from export.manifest import Manifest
 from export.onnx_runtime import MappedWeights, graph_weights, load_sessions, map_weights
+from export.precisions import FP32
 
 from ..cpu_features import summary_precision
 
@@ -34,7 +35,7 @@ class OnnxRuntime:
         intra_op_threads: int = 0,
         spin_wait: bool = False,
         shared_arena: bool = True,
-        precision: str | dict[int, str] = "fp32",  # or "int8"; or per bucket, {bucket: "fp32" | "int8"}
+        precision: str | dict[int, str] = FP32,  # or "int8"; or per bucket, {bucket: "fp32" | "int8"}
         weights: MappedWeights | None = None,  # the model's weights already read (shared with OpenVINO's buckets)
     ):
         self.heads = list(manifest.heads)

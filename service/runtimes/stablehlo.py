@@ -13,6 +13,7 @@ import numpy as np
 
 from export.heads import MASK_POSITIONS, signature
 from export.manifest import Manifest
+from export.precisions import FP32
 from export.stablehlo_runtime import load_stablehlo
 
 MASK_WIDTH_STEP = 8
@@ -20,7 +21,7 @@ MASK_WIDTH_STEP = 8
 
 class StableHLORuntime:
     kind = "stablehlo"
-    precision = "fp32"
+    precision = FP32
 
     def __init__(self, export_dir: str | Path, manifest: Manifest):
         self.heads = list(manifest.heads)

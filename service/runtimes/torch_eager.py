@@ -29,6 +29,7 @@ import torch
 from export.heads import MASK_POSITIONS, SEQUENCE_INPUTS
 from export.manifest import Manifest
 from export.modules import SentenceEmbedding
+from export.precisions import FP32
 
 AUTO_CLASS_OF_HEAD = {
     "fill-mask": "AutoModelForMaskedLM",
@@ -56,7 +57,7 @@ def release_freed_memory() -> None:
 
 class TorchRuntime:
     kind = "torch"
-    precision = "fp32"
+    precision = FP32
 
     def __init__(
         self,
