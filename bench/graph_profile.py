@@ -455,7 +455,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--precision", default=FP32, choices=NAMES)
     parser.add_argument("--runs", type=int, default=5)
     args = parser.parse_args(argv)
-    from service.cpu_features import cpu_model_name
+    from service.precision_policy import cpu_model_name
 
     profile = profile_export(args.export_dir, args.bucket, args.precision, args.runs)
     title = f"{args.export_dir.name}, {args.bucket:,} tokens, {args.precision}, batch 1, median of {args.runs} ({cpu_model_name()})"

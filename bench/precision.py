@@ -357,7 +357,7 @@ def measure(
     from export.gate import gate_inputs, measure_gate
     from export.latency import median_ms
     from export.manifest import GateThresholds, read_manifest
-    from service.cpu_features import PRECISION_FLAGS, cpu_flags, cpu_model_name
+    from service.precision_policy import PRECISION_FLAGS, cpu_flags, cpu_model_name
 
     export_dir = Path(export_dir)
     with tempfile.TemporaryDirectory(prefix="bigs-precision-") as work:

@@ -37,8 +37,8 @@ def measure(export_dir: str, policy: str, precision: str) -> dict:
     from export.heads import placeholder_inputs
     from export.manifest import read_manifest
     from service.batcher import ModelBatcher
-    from service.cpu_features import precision_for_model
     from service.metrics import ServiceMetrics
+    from service.precision_policy import precision_for_model
     from service.runtimes import load_runtime
     from service.settings import ServiceSettings
 

@@ -68,7 +68,7 @@ def default_precisions() -> tuple[str, ...]:
     """What `DEFAULT` means on this machine: each reduced precision whose `written_by_default` holds here
     (export/precisions.py: int8 everywhere, OpenVINO's where it is installed and the CPU has the units that make
     them what they say). Which of them serves where is `auto`'s choice by the latency recorded here, OpenVINO's
-    only where they pay for the memory of a second runtime (service/cpu_features.py)."""
+    only where they pay for the memory of a second runtime (service/precision_policy.py)."""
     return written_by_default_here()
 
 

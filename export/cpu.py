@@ -3,7 +3,7 @@
 The one reader of the CPU for the whole project: the accuracy gate records the CPU a variant was
 measured on and export the CPU its latencies were measured on (export/gate.py, export/latency.py;
 `cpu_description` is that CPU's identity), the service decides which precision to serve from the flags
-(service/cpu_features.py), and the benchmarks name the machine beside their figures
+(service/precision_policy.py), and the benchmarks name the machine beside their figures
 (`cpu_description`, or `machine_description` with the cores and every SIMD flag). Standard
 library only, so the serving image can import it.
 """

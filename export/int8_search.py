@@ -64,7 +64,7 @@ or cost, model by model, is in docs/BENCHMARKS.md ("int8 that passes its gate"):
 Every try, and each product left in fp32 with why (its rank and error) and what it costs (its share of
 the weight products' multiply-adds, which stay fp32), is recorded in the manifest
 (`Int8Search`, export/manifest.py). The variant is then gated at every bucket like any other; a bucket
-where it fails is not served int8 (service/cpu_features.py).
+where it fails is not served int8 (service/precision_policy.py).
 
 A library was weighed first: NNCF's `quantize_with_accuracy_control` ranks and reverts nodes, but of
 static (QDQ) graphs, which are slower than dynamic on ORT CPU (§4.5) and need a validation run per

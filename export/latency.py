@@ -1,7 +1,7 @@
 """The latency export records: how long one request takes at each bucket, per way of serving the dir.
 
 Which of fp32, int8 and bf16 is fastest depends on the CPU and on the model: the rule of thumb by
-CPU flags (service/cpu_features.py `preference`) was measured on a few models and CPUs, and a
+CPU flags (service/precision_policy.py `preference`) was measured on a few models and CPUs, and a
 d=256 model gains less from int8 than a d=768 one (docs/DESIGN.md §4.5). So when export writes
 reduced-precision variants it also times each of them and the fp32 graphs on the CPU it runs on,
 with the runners the accuracy gate has just used (export/gate.py `measure_variants`), and records

@@ -357,7 +357,7 @@ class PrecisionVariant(_Section):
     @property
     def eight_bit_operands(self) -> str:
         """Which of its int8 products have two 8-bit operands, in words ("" where none): those whose pairs of
-        products can exceed int16, exact only on a CPU that sums them in int32 (service/cpu_features.py)."""
+        products can exceed int16, exact only on a CPU that sums them in int32 (service/precision_policy.py)."""
         which = ["8-bit weights"] if self.weight_bits > 7 else []
         if self.search is not None and self.search.ssm_inputs_signed:  # set only where the SSM lever was taken
             which.append("SSM convolutions' 8-bit constants times signed inputs")
@@ -480,7 +480,7 @@ def write_int8_floor(artifact_dir: str | Path, floor: Int8Floor | None) -> Path 
 class LatencyRecord(_Section):
     """How long one forward pass took at each bucket, per way of serving the dir, as export measured it
     (export/latency.py). `auto` trusts the figures only on a CPU with the same `measured_on`
-    (service/cpu_features.py): on another CPU the ranking of int8, bf16 and fp32 can differ."""
+    (service/precision_policy.py): on another CPU the ranking of int8, bf16 and fp32 can differ."""
 
     measured_on: str  # export/cpu.py `cpu_description()`: model name and reduced-precision flags
     how: str

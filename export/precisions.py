@@ -9,7 +9,7 @@ Each `PrecisionSpec` says what the rest of the code would otherwise say again in
 runs it, the graph files it runs, the CPU flags that make it fast, whether it has an accuracy gate, whether
 `bigs export` writes it by default and on which machine, and how it reads in a TEI answer. The export's
 `--precisions`, the service's `precision` setting, `bigs eval --precision`, the manifest's fields, the gate, the
-runtimes and `auto`'s policy (service/cpu_features.py) all read `PRECISIONS`; adding a precision is an entry
+runtimes and `auto`'s policy (service/precision_policy.py) all read `PRECISIONS`; adding a precision is an entry
 here and its runner (docs/DESIGN.md, "Adding a precision").
 
 Its runner, and why the table names it by its runtime rather than holding a callable: the layers are
@@ -33,7 +33,7 @@ from typing import Literal, get_args
 PrecisionName = Literal["fp32", "int8", "bf16", "int8-openvino"]
 ReducedName = Literal["int8", "bf16", "int8-openvino"]  # every precision but the reference, each gated against it
 PrecisionSetting = Literal["auto", "fp32", "int8", "bf16", "int8-openvino"]  # what a user asks the service for
-AUTO = "auto"  # the setting that chooses per bucket (service/cpu_features.py)
+AUTO = "auto"  # the setting that chooses per bucket (service/precision_policy.py)
 
 Runtime = Literal["onnxruntime", "openvino"]
 Graphs = Literal["fp32", "int8"]  # the graph files of a bucket (export/manifest.py `OnnxSection.graph`)
@@ -87,7 +87,7 @@ class PrecisionSpec:
     # exist but emulate. Empty for fp32, fast everywhere
     fast_with: tuple[str, ...]
     # auto may serve it by the CPU's flags where the export's latency record is not this CPU's; first among those
-    # where the CPU has one of `preferred_with` (service/cpu_features.py `preference`)
+    # where the CPU has one of `preferred_with` (service/precision_policy.py `preference`)
     by_flags: bool
     preferred_with: tuple[str, ...]
     # `bigs export` without --precisions writes it (and gates and times it) where this holds
@@ -101,7 +101,7 @@ class PrecisionSpec:
 
     @property
     def on_openvino(self) -> bool:
-        """Served by OpenVINO, whose every compiled bucket holds memory of its own (service/cpu_features.py)."""
+        """Served by OpenVINO, whose every compiled bucket holds memory of its own (service/precision_policy.py)."""
         return self.runtime == "openvino"
 
 

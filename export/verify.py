@@ -10,7 +10,7 @@
    The gate depends on the CPU (int8 kernels differ with VNNI, bf16 is bf16 only with AVX512_BF16 or
    AMX), so a dir copied to another machine is checked for the machine it is on now. A variant that
    passed at export and fails here is a failure naming variant, bucket and measure; one that failed
-   at export is not served (service/cpu_features.py), so its verdict here is a note. A variant this
+   at export is not served (service/precision_policy.py), so its verdict here is a note. A variant this
    machine cannot run as itself (bf16 without OpenVINO, or on a CPU where OpenVINO would run f32) is
    a note saying why. The gate's text must be the one the variants were measured on (its sha256 is
    recorded): if this version's text differs, the figures are not comparable and verify fails.

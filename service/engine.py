@@ -48,7 +48,6 @@ from .admission import Admission
 from .batcher import DeadlineExceeded, Job, ModelBatcher, RuntimeFailure
 from .buckets import bucket_for
 from .chunking import WindowPolicy, Windows, split_into_windows
-from .cpu_features import PrecisionChoice, precision_for_model
 from .errors import ServiceError
 from .metrics import ServiceMetrics
 from .postprocess import (
@@ -59,6 +58,7 @@ from .postprocess import (
     question_answers,
     token_entities,
 )
+from .precision_policy import PrecisionChoice, precision_for_model
 from .prompts import Prompts
 from .runtimes import Runtime, load_runtime
 from .schemas import (

@@ -23,9 +23,9 @@ from pydantic import BaseModel, ValidationError
 from export.precisions import PRECISIONS
 
 from . import package_version
-from .cpu_features import dominant_precision
 from .engine import Answer
 from .errors import ServiceError, error_response
+from .precision_policy import dominant_precision
 from .schemas import (
     ClassifyParameters,
     ClassifyRequest,

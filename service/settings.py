@@ -13,7 +13,7 @@ from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from export.precisions import PrecisionSetting
 
-from .cpu_features import OPENVINO_BUCKETS, OPENVINO_MIN_SPEEDUP
+from .precision_policy import OPENVINO_BUCKETS, OPENVINO_MIN_SPEEDUP
 
 
 class ServiceSettings(BaseSettings):

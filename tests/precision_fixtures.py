@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from service.cpu_features import cpu_flags
+from service.precision_policy import cpu_flags
 
 SAPPHIRE_RAPIDS = {"avx512f", "avx512_vnni", "avx512_bf16", "amx_bf16", "amx_int8", "amx_tile"}
 ZEN4 = {"avx512f", "avx512_vnni", "avx512_bf16"}

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 from precision_fixtures import SAPPHIRE_RAPIDS, SKYLAKE, ZEN4, _tampered_copy, int8_openvino_runs_here
 
-from service.cpu_features import PrecisionUnavailable, choose_precision, cpu_description, variant_statuses
+from service.precision_policy import PrecisionUnavailable, choose_precision, cpu_description, variant_statuses
 
 
 def fp32_weight_products(graph: Path) -> set[str]:

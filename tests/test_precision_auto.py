@@ -14,7 +14,7 @@ from __future__ import annotations
 import pytest
 from precision_fixtures import ALDER_LAKE, SAPPHIRE_RAPIDS, SKYLAKE, ZEN4
 
-from service.cpu_features import (
+from service.precision_policy import (
     OPENVINO_BUCKETS,
     OPENVINO_MIN_SPEEDUP,
     PrecisionUnavailable,

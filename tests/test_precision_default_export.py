@@ -14,7 +14,7 @@ import pytest
 from precision_fixtures import _int8_first_then_fp32, _with_latency
 
 from export.precisions import REDUCED
-from service.cpu_features import (
+from service.precision_policy import (
     OPENVINO_BUCKETS,
     OPENVINO_MIN_SPEEDUP,
     choose_precision,

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 from precision_fixtures import _int8_first_then_fp32, _tampered_copy, _with_latency
 
-from service.cpu_features import cpu_flags, dominant_precision, fast_flag, precision_for_model
+from service.precision_policy import cpu_flags, dominant_precision, fast_flag, precision_for_model
 
 sys.path.insert(0, str(Path(__file__).parent))
 

@@ -111,7 +111,7 @@ def test_a_refusal_added_to_an_artifact_makes_its_export_stale(exports, tmp_path
 
 def test_auto_never_serves_a_refused_precision_and_says_why(exports):
     from export.manifest import read_manifest
-    from service.cpu_features import choose_precision, variant_statuses
+    from service.precision_policy import choose_precision, variant_statuses
 
     manifest = read_manifest(exports["mlm"]).model_copy(deep=True)
     manifest.precisions.pop("int8", None)

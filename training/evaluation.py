@@ -182,15 +182,15 @@ class ExportModel:
 
     def __init__(self, path: Path, precision: str = FP32):
         """`precision`: fp32, int8, bf16 or int8-openvino at every bucket, or "auto": per bucket what `bigs serve`'s precision
-        auto serves on this CPU (service/cpu_features.py), so the figures are those of the served variant."""
+        auto serves on this CPU (service/precision_policy.py), so the figures are those of the served variant."""
         from export.manifest import read_manifest
-        from service.cpu_features import precision_for_model
+        from service.precision_policy import precision_for_model
         from service.runtimes import load_runtime
 
         self.manifest = read_manifest(path)
         self.precision = precision
         if precision == "auto":
-            from service.cpu_features import cpu_description
+            from service.precision_policy import cpu_description
             from service.state import precision_words
 
             choice = precision_for_model("auto", "onnx", self.manifest)

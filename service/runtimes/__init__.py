@@ -5,9 +5,9 @@
             the int8 graphs at precision int8.
 - openvino  OpenVINO over the same fp32 graphs at bf16, or with their products' constants int8
             (int8-openvino): what the onnx runtime becomes at those precisions (`load_runtime` picks
-            it; service/cpu_features.py decides the precision).
+            it; service/precision_policy.py decides the precision).
 
-Precision `auto` decides per bucket (service/cpu_features.py), so one model may be served int8 at
+Precision `auto` decides per bucket (service/precision_policy.py), so one model may be served int8 at
 some buckets and fp32 at others (one ORT runtime, sessions of either graph over the one weights
 file), or bf16 at some: then its bf16 buckets are an OpenVINO runtime's and the rest an ORT
 runtime's, and `PerBucketRuntime` is the one place a bucket is sent to its runtime. Either way the
@@ -31,12 +31,12 @@ import numpy as np
 from export.manifest import Manifest
 from export.precisions import FP32, ON_OPENVINO, PRECISIONS
 
-from ..cpu_features import summary_precision
+from ..precision_policy import summary_precision
 
 
 class Runtime(Protocol):
     kind: str
-    precision: str  # one of export/precisions.py's names, or "mixed" (service/cpu_features.py `summary_precision`)
+    precision: str  # one of export/precisions.py's names, or "mixed" (service/precision_policy.py `summary_precision`)
     precisions: dict[int, str]  # per bucket: one of export/precisions.py's names
     heads: list[str]
     buckets: list[int]
@@ -57,7 +57,7 @@ def load_runtime(
     precision: str | dict[int, str] = FP32,
 ) -> Runtime:
     """The runtime `kind` at `precision`, one for the model or one per bucket (already chosen:
-    service/cpu_features.py); reduced precision is a variant of the ONNX graphs, so only `onnx` takes
+    service/precision_policy.py); reduced precision is a variant of the ONNX graphs, so only `onnx` takes
     it. Each bucket runs on its precision's runtime (export/precisions.py): OpenVINO's (`ON_OPENVINO`) or ORT."""
     by_bucket = dict.fromkeys(manifest.buckets, precision) if isinstance(precision, str) else dict(precision)
     if kind != "onnx" and set(by_bucket.values()) - {FP32}:

@@ -1,7 +1,7 @@
 """ONNX Runtime: one session per bucket (its fp32 or its int8 graph), all over one copy of the weights, read into memory.
 
 The int8 and fp32 graphs of a bucket share the weights file, so a model served int8 at some buckets
-and fp32 at others (precision auto per bucket, service/cpu_features.py) holds one copy of the weights.
+and fp32 at others (precision auto per bucket, service/precision_policy.py) holds one copy of the weights.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from export.manifest import Manifest
 from export.onnx_runtime import MappedWeights, graph_weights, load_sessions, map_weights
 from export.precisions import FP32
 
-from ..cpu_features import summary_precision
+from ..precision_policy import summary_precision
 
 
 def available_providers() -> list[str]:
