@@ -36,7 +36,7 @@ from pathlib import Path
 import numpy as np
 
 from .manifest import Manifest, read_manifest
-from .precisions import FP32, FP32_GRAPHS, VariantUnavailable, importable
+from .precisions import FP32, FP32_GRAPHS, VariantUnavailable, installed
 
 # OpenVINO's hint for each precision this loader compiles. int8-openvino: the products' constants int8
 # (`int8_weights`), the rest at the bf16 hint (f32 where the CPU has no bf16 units: OpenVINO's own choice)
@@ -48,7 +48,7 @@ INT8_ACTIVATION_GROUP = 256
 
 
 def openvino_available() -> bool:
-    return importable("openvino")
+    return installed("openvino")
 
 
 @dataclass
@@ -122,7 +122,7 @@ def share_weights(model, arrays: dict[str, np.ndarray]) -> int:
 
 
 def nncf_available() -> bool:
-    return importable("nncf")
+    return installed("nncf")
 
 
 def quantize_int8_nncf(src: str | Path, dst: str | Path, calibration: list[dict[str, np.ndarray]]) -> None:

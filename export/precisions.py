@@ -24,7 +24,7 @@ This module imports nothing of the project at load, so export/manifest.py can ty
 
 from __future__ import annotations
 
-import importlib
+import importlib.util
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal, get_args
@@ -52,28 +52,26 @@ def _always() -> bool:
     return True
 
 
-def importable(module: str) -> bool:
-    """Whether a package imports here: a runtime of an extra (OpenVINO) decides what export may write. Here
+def installed(package: str) -> bool:
+    """Whether `package` is installed here: a runtime of an extra (OpenVINO) decides what export may write and what
+    the service may serve. Found (`importlib.util.find_spec`), not imported: the service asks at start-up for every
+    model, and importing OpenVINO there would cost its load time whether or not a model is served on it. Here
     rather than in that runtime's module, which imports this table: one direction, no cycle."""
-    try:
-        importlib.import_module(module)
-    except ImportError:
-        return False
-    return True
+    return importlib.util.find_spec(package) is not None
 
 
 def _openvino_with_bf16_units() -> bool:
     # elsewhere OpenVINO would compute f32 and there would be no bf16 to record
     from .cpu import has_bf16_units
 
-    return importable("openvino") and has_bf16_units()
+    return installed("openvino") and has_bf16_units()
 
 
 def _openvino_with_int8_dot_products() -> bool:
     # VNNI or AMX-INT8: elsewhere OpenVINO would decompress the int8 weights rather than quantize the activations
     from .cpu import has_exact_int8_products
 
-    return importable("openvino") and has_exact_int8_products()
+    return installed("openvino") and has_exact_int8_products()
 
 
 @dataclass(frozen=True)

@@ -54,7 +54,18 @@ from export.cpu import (  # noqa: F401  (the CPU, read once)
     has_exact_int8_products,
 )
 from export.manifest import LatencyRecord
-from export.precisions import AUTO, FP32, INT8, NAMES, ON_OPENVINO, PRECISIONS, REDUCED, PrecisionSetting, in_words
+from export.precisions import (
+    AUTO,
+    FP32,
+    INT8,
+    NAMES,
+    ON_OPENVINO,
+    PRECISIONS,
+    REDUCED,
+    PrecisionSetting,
+    in_words,
+    installed,
+)
 from export.precisions import PrecisionName as Precision
 
 PRECISION_FLAGS = ("amx_bf16", "amx_int8", "avx512_vnni", "avx_vnni", "avx512_bf16")
@@ -373,9 +384,9 @@ def variant_statuses(
     manifest, flags: Iterable[str] | None = None, cpu: str | None = None
 ) -> dict[Precision, VariantStatus]:
     """What an export dir's manifest (export/manifest.py) offers per reduced precision, for this install
-    and this CPU (`flags`, `cpu`: this machine's by default): bf16 needs OpenVINO importable; int8 graphs
-    with 8-bit operands (weights written before export used 7-bit ones; the SSM convolutions with signed inputs,
-    which export writes only on a CPU that sums in int32) on a CPU whose int8 products saturate
+    and this CPU (`flags`, `cpu`: this machine's by default): a precision on OpenVINO needs it installed; int8
+    graphs with 8-bit operands (weights written before export used 7-bit ones; the SSM convolutions with signed
+    inputs, which export writes only on a CPU that sums in int32) on a CPU whose int8 products saturate
     (`int8_saturates`) compute something their gate did not measure, unless it was measured on this CPU."""
     flags = cpu_flags() if flags is None else frozenset(flags)
     cpu = cpu_description() if cpu is None else cpu
@@ -390,7 +401,7 @@ def variant_statuses(
             if precision == INT8 and manifest.onnx and any(g.int8 for g in manifest.onnx.buckets.values()):
                 detail = "int8 graphs without an accuracy gate: export again with --precisions int8"
             statuses[precision] = VariantStatus(present=False, detail=detail)
-        elif variant.runtime == "openvino" and not _openvino_installed():
+        elif variant.runtime == "openvino" and not installed("openvino"):
             statuses[precision] = VariantStatus(present=False, detail="OpenVINO is not installed: pip install openvino")
         elif precision == INT8 and int8_saturates(variant, flags) and variant.measured_on != cpu:
             detail = (f"its {variant.eight_bit_operands} saturate int8 products on this CPU (no VNNI or "
@@ -408,12 +419,6 @@ def variant_statuses(
                 bucket_failures={b: (m.failures[0] if m.failures else "") for b, m in variant.gate.items()},
             )
     return statuses
-
-
-def _openvino_installed() -> bool:
-    import importlib.util
-
-    return importlib.util.find_spec("openvino") is not None
 
 
 def precision_for_model(

@@ -4,6 +4,8 @@ the CLI and the manifest accept is its names, and no other module of the product
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
 from pathlib import Path
 from typing import get_args
 
@@ -54,6 +56,18 @@ def test_a_precision_is_named_only_in_the_registry_and_its_runners():
             if where not in RUNNER_FILES[PRECISIONS[value].runtime]:
                 found.append(f"{where}:{line}: {value!r}")
     assert not found, "precision names outside export/precisions.py and their runners:\n" + "\n".join(found)
+
+
+def test_installed_finds_a_package_without_importing_it():
+    # the service asks at start-up whether OpenVINO is installed: an answer that imported it would cost its load
+    # time there. onnxruntime, a dependency of every install, stands in for it, in a fresh interpreter (this one
+    # has imported it)
+    code = (
+        "import sys; from export.precisions import installed; "
+        "print(installed('onnxruntime'), installed('no_such_package_here'), 'onnxruntime' in sys.modules)"
+    )
+    answer = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
+    assert answer.stdout.split() == ["True", "False", "False"]
 
 
 def test_the_runner_files_the_registry_names_exist():
