@@ -156,6 +156,7 @@ class ModelEngine:
             tasks=self.heads,  # the public API's word for a head
             labels=[self.id2label[i] for i in sorted(self.id2label)] if self.id2label else None,
             max_length=self.max_length,
+            positions_tiled_from=self.manifest.model.positions_tiled_from,
             dimensions=self.dimensions if "embeddings" in self.heads else None,
             buckets=self.buckets,
             runtime=self.runtime.kind,

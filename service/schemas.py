@@ -296,6 +296,11 @@ class ModelCard(BaseModel):
     tasks: list[str] = Field(default_factory=list, description="the heads it serves")
     labels: list[str] | None = None
     max_length: int | None = None
+    positions_tiled_from: int | None = Field(
+        None,
+        description="the positions the model learned, where it reads past them up to max_length with the learned "
+        "position table tiled and no training (`bigs export --tile-positions`); absent: every position learned",
+    )
     dimensions: int | None = Field(None, description="the width of its embeddings (/v1/embeddings `dimensions`)")
     buckets: list[int] | None = None
     runtime: str | None = None
