@@ -205,7 +205,7 @@ async def classify(body: ClassifyRequest, request: Request):
 
 @api.post(
     "/documents/classify",
-    summary="Classify whole documents up to the model's maximum length (4,096 tokens) in one forward pass",
+    summary="Classify whole documents up to the model's maximum length (its longest bucket) in one forward pass",
     response_model=list[list[LabelScore]],
     openapi_extra=body_examples(
         {"document": {"value": {"inputs": {"text": "a long report …", "text_pair": "is it about sport?"}}}}
@@ -268,7 +268,7 @@ list; per input the best answer `{answer, score, start, end}` (`start`/`end`: ch
 a list of `top_k` of them.
 
 The context is read whole, in ONE forward pass, up to the model's longest bucket (4,096 tokens for the long
-models): no 384-token windows with a stride. Tokenized as a pair, question first (as transformers does);
+models, more for an export with tiled positions): no 384-token windows with a stride. Tokenized as a pair, question first (as transformers does);
 longer than the model is 413 unless `truncate`, which cuts the context and never the question. Spans are
 scored as transformers' question-answering pipeline scores them: softmax over the context's start and end
 logits, spans of at most `max_answer_len` tokens widened to whole words; with `handle_impossible_answer`
