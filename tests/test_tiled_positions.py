@@ -3,7 +3,7 @@
 - the tiling (model/positions.py) repeats the learned rows and keeps them first; a dir is tiled in its own copy,
   and tiled again from the rows it learned, never from their copies;
 - a bucket past the model's positions is refused unless asked for with --tile-positions, which needs one, and a
-  model tied to its N positions stays refused;
+  model tied to its N positions stays refused; `bigs export` says so in one line; tiling in place is refused;
 - exported with a bucket past its 128 positions, a tiny classifier's manifest, config and model card record the
   tiling and `bigs export` says it; served, a document longer than 128 tokens is answered over HTTP
   (/v1/documents/classify and /v1/embeddings) equal to the torch reference whose table is tiled here by hand,
@@ -108,6 +108,18 @@ def test_a_dir_is_tiled_in_its_copy_and_again_from_the_rows_it_learned(tmp_path,
     )
     with pytest.raises(ValueError, match="no position table to tile"):
         tile_dir_positions(alibi, 8)
+
+
+@pytest.mark.slow
+def test_bigs_export_past_the_positions_without_the_flag_is_one_line_naming_it(tmp_path, tiny_model):
+    artifact, out = tmp_path / "artifact", tmp_path / "out"
+    tiny_model(max_position_embeddings=64).save_pretrained(artifact)
+    run = subprocess.run([sys.executable, "-m", "bigs_cli", "export", str(artifact), str(out), "--buckets", "64,256"],
+                         cwd=ROOT, env=_clean_env(), capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert run.returncode == 1 and "Traceback" not in run.stderr, run.stderr
+    assert len(run.stderr.strip().splitlines()) == 1, run.stderr
+    assert "buckets [256] outside 1..max_position_embeddings=64" in run.stderr and "--tile-positions" in run.stderr
+    assert not out.exists()  # refused before anything was written
 
 
 # -- exported and served --------------------------------------------------------------------------------------
