@@ -49,7 +49,6 @@ from .manifest import (
     versions,
 )
 from .modules import SentenceEmbedding
-from .positions import describe_tiling, tile_dir_positions
 from .precisions import REDUCED, written_by_default_here
 from .progress import Job, silent
 from .verify import DEFAULT_TOLERANCE
@@ -332,6 +331,8 @@ def export_buckets(out_dir: Path, options: ExportOptions) -> list[int]:
     so: a user must not get untrained positions without being told."""
     from model import BiGSConfig
 
+    from .positions import describe_tiling, tile_dir_positions
+
     config = BiGSConfig.from_pretrained(str(out_dir))
     length = config.max_position_embeddings
     buckets = resolve_buckets(options.buckets, length, config.fixed_length, options.tile_positions)
@@ -472,6 +473,8 @@ def summary(manifest: Manifest, out_dir: str | Path) -> str:
     lines = [f"exported {manifest.model.name} ({manifest.model.architecture}) to {out_dir}"]
     lines.append(f"  heads {', '.join(manifest.heads)}; buckets {manifest.buckets}")
     if manifest.model.positions_tiled_from is not None:
+        from .positions import describe_tiling
+
         lines.append(
             f"  {describe_tiling(manifest.model.positions_tiled_from, manifest.model.max_position_embeddings)}"
         )
