@@ -1,9 +1,9 @@
 """A model dir's files for stock tools and the Hub, written: model/hub.py's, and the model card.
 
 The card (README.md, `model_card` in model/hub.py) says what the export records too: the precisions the dir
-refuses, its positions tiled past those it learned (export/positions.py) and its int8 floor (export/manifest.py `read_refusals`, `read_int8_floor`). So it is written here, on
-the export's side, and model/hub.py, which every model dir carries for `trust_remote_code`, imports nothing
-of the export.
+refuses and its int8 floor (export/manifest.py `read_refusals`, `read_int8_floor`), and its positions tiled
+past those it learned (export/positions.py). So it is written here, on the export's side, and model/hub.py,
+which every model dir carries for `trust_remote_code`, imports nothing of the export.
 """
 
 from __future__ import annotations

@@ -23,7 +23,7 @@ import numpy as np
 POSITIONS_TILED_FROM = "positions_tiled_from"
 
 # Where the table lives: the Flax tree (training) and the torch-layout state dict (a dir's model.safetensors;
-# "bigs." prefixes it in a model with a head, not in the bare encoder).
+# "bigs." prefixes the key, but not in a bare encoder saved by transformers itself).
 FLAX_TABLE = ("s4_bert", "embeddings", "position_embeddings", "embedding")
 TORCH_TABLE_SUFFIX = "embeddings.position_embeddings.weight"
 

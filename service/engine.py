@@ -249,8 +249,8 @@ class ModelEngine:
         documents: bool = False,
     ) -> Answer:
         """Per text or (text, text_pair): [{"label", "score"}] sorted by score. `documents`: up to the
-        model's longest bucket (4,096 for the defaults), truncation cutting the document, never its query; otherwise up
-        to `classify_max_length`."""
+        model's longest bucket (4,096 for the defaults), truncation cutting the document, never its query;
+        otherwise up to `classify_max_length`."""
         note_model(self.name)
         deadline = self._deadline()
         self._check_count(items)
