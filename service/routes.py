@@ -268,8 +268,8 @@ list; per input the best answer `{answer, score, start, end}` (`start`/`end`: ch
 a list of `top_k` of them.
 
 The context is read whole, in ONE forward pass, up to the model's longest bucket (4,096 tokens for the long
-models, more for an export with tiled positions): no 384-token windows with a stride. Tokenized as a pair,
-question first (as transformers does); longer than the model is 413 unless `truncate`, which cuts the context and never the question. Spans are
+models): no 384-token windows with a stride. Tokenized as a pair, question first (as transformers does);
+longer than the model is 413 unless `truncate`, which cuts the context and never the question. Spans are
 scored as transformers' question-answering pipeline scores them: softmax over the context's start and end
 logits, spans of at most `max_answer_len` tokens widened to whole words; with `handle_impossible_answer`
 the no-answer ([CLS]) competes and answers `{answer: "", start: 0, end: 0}`."""
