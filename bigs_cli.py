@@ -19,6 +19,7 @@ bigs bench default-size [--sizes 384x6,…] [--out docs/BENCHMARKS.md] default m
 bigs bench train [--shapes mlm:32x128,classify:32x512] [--baseline REV] [--out docs/BENCHMARKS.md]  one training step: split, floor, torch reference
 bigs bench accelerator [--budget-s 420] [--out DIR]                training, exact resume and serving on the GPU (or a tiny CPU run)
 bigs export ARTIFACT_DIR OUT_DIR [--buckets 128,256] [--formats onnx,stablehlo] [--precisions int8,bf16|none]
+bigs export ARTIFACT_DIR OUT_DIR --buckets …,8192,16384 --tile-positions   past the model's positions, tiled
 bigs export --verify OUT_DIR                                       re-hash files, re-measure parity and gates
 bigs hub-files DIR [DIR …]          (re)write what stock transformers / sentence-transformers / the Hub read
 bigs --version
@@ -246,17 +247,26 @@ def cmd_export(args: argparse.Namespace) -> None:
         fail("export", f"--int8-floor {args.int8_floor}: a count of weight products, 0 or more")
 
     quiet()
-    from export.build import ExportOptions, export_artifact, parse_precisions, resolve_buckets, summary
+    from export.build import (
+        ExportOptions,
+        export_artifact,
+        parse_precisions,
+        refuse_tiling_in_place,
+        resolve_buckets,
+        summary,
+    )
     from model import BiGSConfig
 
     buckets = [int(b) for b in args.buckets.split(",")] if args.buckets else None
     config = BiGSConfig.from_pretrained(args.paths[0])
     try:  # before anything is written: buckets past the model's length, or other than a fixed-N model's N
-        resolve_buckets(buckets, config.max_position_embeddings, config.fixed_length)
+        resolve_buckets(buckets, config.max_position_embeddings, config.fixed_length, args.tile_positions)
+        refuse_tiling_in_place(args.paths[0], args.paths[1], args.tile_positions)
     except ValueError as error:
         fail("export", str(error))
     options = ExportOptions(
         buckets=buckets,
+        tile_positions=args.tile_positions,
         formats=tuple(f.strip() for f in args.formats.split(",") if f.strip()),
         quantize=args.quantize,
         # `--quantize int8` alone is the older spelling of `--precisions int8`: int8 is all it asks for
@@ -567,6 +577,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="re-hash every file, re-measure parity and each precision variant's accuracy gate on this CPU",
     )
     export.add_argument("--buckets", default=None, help="comma-separated lengths (default 128..4096, capped)")
+    export.add_argument(
+        "--tile-positions",
+        action="store_true",
+        help="buckets past the model's max_position_embeddings are read with its learned position table tiled up "
+        "to the longest bucket, with no training (as `bigs train extend` starts, and `bigs eval --lengths` scores); "
+        "the export says so, and its manifest records positions_tiled_from",
+    )
     export.add_argument("--formats", default="onnx,stablehlo", help="comma-separated: onnx, stablehlo")
     export.add_argument("--quantize", choices=[INT8], default=None, help="also write int8 ONNX graphs")
     export.add_argument(

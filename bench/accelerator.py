@@ -766,9 +766,9 @@ def measure_resume_deterministic(size: Size, work: Path, budget: Budget) -> Resu
 def serving_artifact(size: Size, work: Path, task: MaskedLMTask, trained: Path | None) -> tuple[Path, str]:
     """(an artifact dir with positions up to the longest bucket, what its weights are): the weights dir
     the training part left last, or a fresh model of the recipe's shape when training did not run.
-    Positions are tiled as the extend stage starts (training/stages.py `extend_positions`)."""
+    Positions are tiled as the extend stage starts (model/positions.py `extend_positions`)."""
+    from model.positions import extend_positions
     from training.artifact import load_artifact, write_artifact
-    from training.stages import extend_positions
 
     longest = max(size.buckets)
     if trained is not None:

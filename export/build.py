@@ -7,8 +7,9 @@
               stablehlo/<head>_<bucket>.bin
               manifest.json
 
-Steps: copy the artifact, and write what stock transformers / sentence-transformers read (a published
-checkpoint dir has none of it); load the torch model (fp32); export ONNX per bucket (export/onnx.py) and
+Steps: copy the artifact (with `tile_positions`, its position table tiled up to the longest bucket, past the
+positions it learned: export/positions.py), and write what stock transformers / sentence-transformers read (a
+published checkpoint dir has none of it); load the torch model (fp32); export ONNX per bucket (export/onnx.py) and
 StableHLO per head and bucket (export/stablehlo.py); measure every file against the torch reference
 on fixed inputs (export/parity.py); hash every file (export/integrity.py); write the manifest
 (export/manifest.py). Unless told otherwise (`precisions`), the reduced-precision variants that can
@@ -27,6 +28,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from model.hub import DENSE_DIR, read_dense
+from model.positions import POSITIONS_TILED_FROM
 
 from . import parity
 from .heads import LABELLED_ARCHITECTURES, heads_for
@@ -86,6 +88,9 @@ class ExportOptions:
     """What to export. `buckets=None`: DEFAULT_BUCKETS up to the model's max_position_embeddings."""
 
     buckets: list[int] | None = None
+    # Buckets past max_position_embeddings, read with the learned position table tiled up to the longest of
+    # them and no training (export/positions.py); without it such a bucket is refused
+    tile_positions: bool = False
     formats: tuple[str, ...] = FORMATS
     quantize: str | None = None  # None or "int8" (ONNX only): the same as precisions=("int8",)
     # Reduced-precision variants (ONNX only), each measured by its accuracy gate (export/gate.py) and
@@ -147,28 +152,46 @@ def variants_to_write(
     return tuple(p for p in wanted if p not in refused)
 
 
-def resolve_buckets(requested: list[int] | None, max_length: int, fixed_length: int | None = None) -> list[int]:
+def resolve_buckets(
+    requested: list[int] | None, max_length: int, fixed_length: int | None = None, tile_positions: bool = False
+) -> list[int]:
     """Requested buckets (checked), or the defaults capped at the model's length; the model's own
-    max length is added when no default reaches it, so every valid input has a bucket. A model tied to
-    N positions (`BiGSConfig.fixed_length`: gMLP, the synthesizers) has the one bucket N, which holds every
-    input it can read (docs/DESIGN.md §2.8); another bucket is refused."""
+    max length is added when no default reaches it, so every valid input has a bucket. A bucket past the
+    model's length is refused unless `tile_positions` (its learned positions tiled up to the longest bucket,
+    export/positions.py), which then needs one. A model tied to N positions (`BiGSConfig.fixed_length`: gMLP,
+    the synthesizers) has the one bucket N, which holds every input it can read (docs/DESIGN.md §2.8);
+    another bucket is refused, tiled or not."""
     if fixed_length is not None:
         others = sorted(set(requested or []) - {fixed_length})
-        if others:
+        if others or tile_positions:
+            asked = f"buckets {others}" if others else "--tile-positions"
             raise ValueError(
-                f"buckets {others}: this model is tied to {fixed_length} positions (a learned {fixed_length} × "
+                f"{asked}: this model is tied to {fixed_length} positions (a learned {fixed_length} × "
                 f"{fixed_length} matrix over positions) and is exported and served at bucket {fixed_length} only"
             )
         return [fixed_length]
+    if tile_positions and not any(b > max_length for b in requested or []):
+        raise ValueError(f"--tile-positions tiles the positions up to the longest bucket: give --buckets past the "
+                         f"model's max_position_embeddings={max_length}")  # fmt: skip
     if requested:
-        too_long = [b for b in requested if b > max_length or b < 1]
+        too_long = [b for b in requested if b < 1 or (b > max_length and not tile_positions)]
         if too_long:
-            raise ValueError(f"buckets {too_long} outside 1..max_position_embeddings={max_length}")
+            raise ValueError(
+                f"buckets {too_long} outside 1..max_position_embeddings={max_length} (past it, --tile-positions "
+                "reads them with the learned positions tiled and no training)"
+            )
         return sorted(set(requested))
     buckets = [b for b in DEFAULT_BUCKETS if b <= max_length]
     if not buckets or buckets[-1] < max_length:
         buckets.append(max_length)
     return buckets
+
+
+def refuse_tiling_in_place(artifact_dir: str | Path, out_dir: str | Path, tile_positions: bool) -> None:
+    """Tiling rewrites the export's copy of the weights and config: never the artifact's own."""
+    if tile_positions and Path(artifact_dir).resolve() == Path(out_dir).resolve():
+        raise ValueError("--tile-positions rewrites the export's weights and config.json: export to another dir "
+                         "than the artifact's")  # fmt: skip
 
 
 def copy_artifact(artifact_dir: Path, out_dir: Path) -> None:
@@ -226,8 +249,10 @@ def export_artifact(
     job = Job(f"export {artifact_dir}", emit=report or silent)  # started now: every line's "elapsed"
     if not (artifact_dir / "config.json").is_file():
         raise FileNotFoundError(f"{artifact_dir}/config.json not found: not an artifact dir")
+    refuse_tiling_in_place(artifact_dir, out_dir, options.tile_positions)
     source = source_table(artifact_dir)  # before anything is written (the out dir may be the artifact's)
     copy_artifact(artifact_dir, out_dir)
+    buckets = export_buckets(out_dir, options)
     write_hub_files(out_dir)
     for stale in ("onnx", "stablehlo"):  # a re-export must not leave files of an earlier one
         shutil.rmtree(out_dir / stale, ignore_errors=True)
@@ -236,7 +261,6 @@ def export_artifact(
     dense = read_dense(out_dir)
     embedding = SentenceEmbedding(dense).eval()  # the embeddings head: mean over real tokens [→ Dense]
     config = model.config
-    buckets = resolve_buckets(options.buckets, config.max_position_embeddings, config.fixed_length)
     tokenizer = ensure_tokenizer(out_dir, config)
     manifest = describe_artifact(artifact_dir.resolve().name, config, dense, tokenizer, buckets, options)
     manifest.source = source
@@ -301,6 +325,23 @@ def export_artifact(
     return manifest
 
 
+def export_buckets(out_dir: Path, options: ExportOptions) -> list[int]:
+    """The export's buckets (`resolve_buckets`); where the longest is past the model's positions (asked for with
+    `tile_positions`), the copy's position table is tiled up to it first (export/positions.py), and a line says
+    so: a user must not get untrained positions without being told."""
+    from model import BiGSConfig
+
+    from .positions import describe_tiling, tile_dir_positions
+
+    config = BiGSConfig.from_pretrained(str(out_dir))
+    length = config.max_position_embeddings
+    buckets = resolve_buckets(options.buckets, length, config.fixed_length, options.tile_positions)
+    if buckets[-1] > length:
+        learned = tile_dir_positions(out_dir, buckets[-1])
+        print(describe_tiling(learned, buckets[-1]), flush=True)
+    return buckets
+
+
 def int8_request(out_dir: Path, manifest: Manifest, job: Job, floor: int | None = None) -> Int8Request | None:
     """What this export's int8 search is given (export/int8_search.py `Int8Request`, run by `export_onnx` once the
     fp32 graphs of the buckets it searches at are written): the gate's tokenizer and head, the recipe for this
@@ -347,6 +388,7 @@ def describe_artifact(
             hidden_size=config.hidden_size,
             num_hidden_layers=config.num_hidden_layers,
             max_position_embeddings=config.max_position_embeddings,
+            positions_tiled_from=getattr(config, POSITIONS_TILED_FROM, None),
             pad_token_id=config.pad_token_id,
             embedding_size=config.hidden_size if dense is None else dense.out_features,
         ),
@@ -430,6 +472,12 @@ def summary(manifest: Manifest, out_dir: str | Path) -> str:
     """A few lines for the terminal: what was written and how far it is from the reference."""
     lines = [f"exported {manifest.model.name} ({manifest.model.architecture}) to {out_dir}"]
     lines.append(f"  heads {', '.join(manifest.heads)}; buckets {manifest.buckets}")
+    if manifest.model.positions_tiled_from is not None:
+        from .positions import describe_tiling
+
+        lines.append(
+            f"  {describe_tiling(manifest.model.positions_tiled_from, manifest.model.max_position_embeddings)}"
+        )
     if manifest.onnx is not None:
         for bucket, e in manifest.onnx.buckets.items():
             form = "no SSM" if e.ssm_formulation is None else e.ssm_formulation

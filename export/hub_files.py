@@ -1,9 +1,9 @@
 """A model dir's files for stock tools and the Hub, written: model/hub.py's, and the model card.
 
 The card (README.md, `model_card` in model/hub.py) says what the export records too: the precisions the dir
-refuses and its int8 floor (export/manifest.py `read_refusals`, `read_int8_floor`). So it is written here, on
-the export's side, and model/hub.py, which every model dir carries for `trust_remote_code`, imports nothing
-of the export.
+refuses and its int8 floor (export/manifest.py `read_refusals`, `read_int8_floor`), and its positions tiled
+past those it learned (export/positions.py). So it is written here, on the export's side, and model/hub.py,
+which every model dir carries for `trust_remote_code`, imports nothing of the export.
 """
 
 from __future__ import annotations
@@ -24,8 +24,10 @@ from model.hub import (
     write_remote_code,
     write_sentence_transformers_files,
 )
+from model.positions import POSITIONS_TILED_FROM
 
 from .manifest import read_int8_floor, read_refusals
+from .positions import describe_tiling
 
 
 def write_model_card(out_dir: str | Path) -> bool:
@@ -42,6 +44,9 @@ def write_model_card(out_dir: str | Path) -> bool:
         if (out_dir / "pretraining_card.json").is_file()
         else []
     )
+    if config.get(POSITIONS_TILED_FROM):  # an export read past its positions (export/positions.py)
+        learned, length = config[POSITIONS_TILED_FROM], config["max_position_embeddings"]
+        notes.append(f"Read past its trained length: {describe_tiling(learned, length)}.")
     # training writes RUN_DIR/artifact (training/stages.py): the run names the model there
     name = out_dir.resolve().name if out_dir.resolve().name != "artifact" else out_dir.resolve().parent.name
     evaluation = json.loads((out_dir / EVALUATION).read_text()) if (out_dir / EVALUATION).is_file() else None

@@ -5,7 +5,8 @@ StableHLO loaders, `bigs export --verify`, the service) calls `read_manifest(dir
 the object down. What it records:
 
     format_version  FORMAT_VERSION; a dir written by another version is refused with a clear message
-    model           name, architecture and sizes, and the width of the embeddings it serves
+    model           name, architecture and sizes, and the width of the embeddings it serves; where its
+                    positions past those it learned are tiled (`positions_tiled_from`)
     heads           what the dir serves (export/heads.py): its own head, then "embeddings" ("fill-mask",
                     "embeddings" for an MLM), or ["embeddings"] alone for an embedding model (BiGSModel)
     labels          id → label of a classifier
@@ -62,6 +63,9 @@ class ModelInfo(_Section):
     hidden_size: int
     num_hidden_layers: int
     max_position_embeddings: int
+    # The positions the model learned, where the export reads past them (up to max_position_embeddings) with the
+    # learned table tiled and no training (`bigs export --tile-positions`, export/positions.py); None: all learned
+    positions_tiled_from: int | None = None
     pad_token_id: int | None = None
     # The embeddings head's width: hidden_size, or the output width of the dir's 2_Dense (model/hub.py).
     # A manifest written before the field existed has no Dense, so it reads as hidden_size.

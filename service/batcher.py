@@ -2,7 +2,10 @@
 
 Each (head, bucket) has a FIFO queue. A lane is one worker thread plus the coroutine that feeds
 it; the short lane serves buckets below `long_bucket_min_length`, the long lane the rest, so a
-4,096-token batch that takes seconds never holds short requests back.
+4,096-token batch that takes seconds never holds short requests back. A batch holds at most
+max_batch_tokens positions (bucket × inputs), or one input of a longer bucket: at the default budget a
+16,384-token document (an export with tiled positions) runs alone, as many positions as four of 4,096, so
+the long lane's longest batch is no longer than it was.
 
 A lane takes the queue whose oldest input has waited longest. While more requests for this model
 are on their way (admitted and being tokenized), it waits for them until that queue can fill a

@@ -157,6 +157,7 @@ class ModelEngine:
             tasks=self.heads,  # the public API's word for a head
             labels=[self.id2label[i] for i in sorted(self.id2label)] if self.id2label else None,
             max_length=self.max_length,
+            positions_tiled_from=self.manifest.model.positions_tiled_from,
             dimensions=self.dimensions if "embeddings" in self.heads else None,
             buckets=self.buckets,
             runtime=self.runtime.kind,
@@ -249,8 +250,8 @@ class ModelEngine:
         documents: bool = False,
     ) -> Answer:
         """Per text or (text, text_pair): [{"label", "score"}] sorted by score. `documents`: up to the
-        model's longest bucket (4,096), truncation cutting the document, never its query; otherwise up
-        to `classify_max_length`."""
+        model's longest bucket (4,096 for the defaults), truncation cutting the document, never its query;
+        otherwise up to `classify_max_length`."""
         note_model(self.name)
         deadline = self._deadline()
         self._check_count(items)

@@ -20,8 +20,9 @@ from prometheus_client import (
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 25, 60)
 # Stages of one request are far shorter than the request: tokenizing a sentence takes ~0.1 ms.
 STAGE_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
-# Input lengths in tokens, special tokens included: powers of two up to the longest bucket (4,096).
-LENGTH_BUCKETS = (4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096)
+# Input lengths in tokens, special tokens included: powers of two up to the longest bucket (4,096 for the
+# defaults; 16,384 for an export that tiles its positions past them, `bigs export --tile-positions`).
+LENGTH_BUCKETS = (4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
 
 
 class ServiceMetrics:

@@ -205,7 +205,7 @@ async def classify(body: ClassifyRequest, request: Request):
 
 @api.post(
     "/documents/classify",
-    summary="Classify whole documents up to the model's maximum length (4,096 tokens) in one forward pass",
+    summary="Classify whole documents up to the model's maximum length (its longest bucket) in one forward pass",
     response_model=list[list[LabelScore]],
     openapi_extra=body_examples(
         {"document": {"value": {"inputs": {"text": "a long report …", "text_pair": "is it about sport?"}}}}

@@ -159,7 +159,8 @@ class ClassifyRequest(_Body):
 
 
 class DocumentClassifyRequest(ClassifyRequest):
-    """Whole documents up to the model's longest bucket (4,096 tokens), in one forward pass.
+    """Whole documents up to the model's longest bucket (4,096 tokens for the defaults; 16,384 exported with
+    `--tile-positions`), in one forward pass.
     `text_pair` is an optional short query placed after the document."""
 
 
@@ -296,6 +297,11 @@ class ModelCard(BaseModel):
     tasks: list[str] = Field(default_factory=list, description="the heads it serves")
     labels: list[str] | None = None
     max_length: int | None = None
+    positions_tiled_from: int | None = Field(
+        None,
+        description="the positions the model learned, where it reads past them up to max_length with the learned "
+        "position table tiled and no training (`bigs export --tile-positions`); absent: every position learned",
+    )
     dimensions: int | None = Field(None, description="the width of its embeddings (/v1/embeddings `dimensions`)")
     buckets: list[int] | None = None
     runtime: str | None = None
@@ -323,8 +329,8 @@ class ErrorBody(BaseModel):
 
 # -- OpenAI embeddings --------------------------------------------------------------------------
 
-# A ceiling on one list of token ids, far above any model's length (4,096), so that validation stops
-# at the length of a list of a million ids; the model's own limit is the engine's (413).
+# A ceiling on one list of token ids, far above any model's length (4,096; 16,384 with tiled positions), so that
+# validation stops at the length of a list of a million ids; the model's own limit is the engine's (413).
 MAX_TOKEN_IDS = 65536
 TokenIds = Annotated[list[Annotated[int, Field(strict=True, ge=0)]], Field(min_length=1, max_length=MAX_TOKEN_IDS)]
 """Token ids of the model's own vocabulary (as /tokenize answers), the model's whole input: taken as

@@ -61,7 +61,11 @@ class ServiceSettings(BaseSettings):
 
     # Batching: a batch of one (model, head, bucket) is cut when the next request would push
     # bucket × batch over the token budget, at max_batch_size, or max_wait_ms after its first request.
-    max_batch_tokens: int = Field(16384, ge=1, description="token budget of one batch: bucket length × inputs")
+    max_batch_tokens: int = Field(
+        16384,
+        ge=1,
+        description="token budget of one batch: bucket length × inputs (a longer bucket runs one input alone)",
+    )
     max_batch_size: int = Field(32, ge=1, description="inputs in one batch at most")
     max_wait_ms: float = Field(
         5.0, ge=0, description="longest a batch waits for more inputs, only while requests are on their way"

@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 
 from export.integrity import IntegrityError
+from export.manifest import Manifest
 from export.progress import Job, phases, seconds
 
 from .admission import Admission
@@ -124,9 +125,9 @@ class ServiceState:
             if source.pending:
                 self.pending_exports.append(PendingExport(name, source.path, source.export_to, engine.switch_to))
             log.info(
-                "loaded %s from %s (%s): %d shapes warmed in %.1f s; %s",
+                "loaded %s from %s (%s): %d shapes warmed in %.1f s; %s%s",
                 name, source.path, source.why, shapes, time.perf_counter() - started,
-                engine.precision_choice.explain(),
+                engine.precision_choice.explain(), tiling_words(engine.manifest),
             )  # fmt: skip
         if not self.models:
             raise LoadFailed("no model could be loaded: " + "; ".join(f"{n}: {r}" for n, r in self.failed.items()),
@@ -225,6 +226,14 @@ class LoadFailed(RuntimeError):
     def __init__(self, message: str, public: str):
         super().__init__(message)
         self.public = public
+
+
+def tiling_words(manifest: Manifest) -> str:
+    """The start-up line's note on a model that reads past its learned positions (`bigs export --tile-positions`)."""
+    learned = manifest.model.positions_tiled_from
+    if learned is None:
+        return ""
+    return f"; positions past {learned:,} (to {manifest.max_length:,}) are its learned ones tiled, untrained"
 
 
 def precision_words(by_bucket: dict[int, str]) -> str:

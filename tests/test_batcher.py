@@ -196,6 +196,9 @@ def test_an_input_goes_to_the_smallest_bucket_that_holds_it():
         (1024, 4096, 32, [1, 2, 4]),  # the token budget binds
         (256, 1000, 32, [1, 2]),  # 1000 // 256 = 3, rounded down
         (1024, 512, 32, [1]),  # a bucket over the budget still runs, alone
+        (8192, 16384, 32, [1, 2]),  # the default budget at buckets past 4,096 (positions tiled)
+        (16384, 16384, 32, [1]),  # a document of the longest tiled bucket fills a batch alone
+        (32768, 16384, 32, [1]),  # ... and a longer one runs alone, over the budget
     ],
 )
 def test_batch_sizes_are_the_powers_of_two_within_the_token_budget(bucket, max_batch_tokens, max_batch_size, sizes):

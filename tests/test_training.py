@@ -12,9 +12,10 @@ import torch
 
 from model import BiGSForMaskedLM, BiGSForSequenceClassification
 from model.modeling_flax_bigs import FlaxBiGSForMaskedLMModule
+from model.positions import extend_positions
 from training.artifact import load_artifact
 from training.config import load_config
-from training.stages import extend_positions, run
+from training.stages import run
 from training.trainer import read_metrics
 
 pytestmark = pytest.mark.slow

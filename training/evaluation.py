@@ -122,16 +122,16 @@ class ArtifactModel:
 
     def __init__(self, path: Path, positions: int | None = None):
         """`positions`: read up to this many tokens, the learned position table tiled as `bigs train extend`
-        tiles it before it trains (stages.extend_positions), with no training: the length test."""
+        tiles it before it trains (model/positions.py), with no training: the length test."""
         import jax
 
         from model.modeling_flax_bigs import (
             FlaxBiGSForMaskedLMModule,
             FlaxBiGSForSequenceClassificationModule,
         )
+        from model.positions import extend_positions
 
         from .artifact import load_artifact
-        from .stages import extend_positions
 
         self.config, params = load_artifact(path)
         if positions is not None and positions > self.config.max_position_embeddings:
@@ -372,8 +372,11 @@ def evaluate_lengths(
 
 
 def load_config_length(path: Path) -> int:
-    """The number of positions an artifact dir was saved with (what it was trained to read)."""
-    return int(json.loads((path / "config.json").read_text())["max_position_embeddings"])
+    """The number of positions an artifact dir was trained to read: those it was saved with, less any an export
+    tiled past them (model/positions.py `trained_positions`)."""
+    from model.positions import trained_positions
+
+    return trained_positions(json.loads((path / "config.json").read_text()))
 
 
 def masked_token_hits(model, split, rows: int, batch_size: int) -> tuple[int, int]:

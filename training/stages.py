@@ -33,6 +33,7 @@ from model.modeling_flax_bigs import (
     FlaxBiGSForTokenClassificationModule,
     init_params,
 )
+from model.positions import extend_positions  # the one tiling of positions (model/positions.py)
 from model.tokenizer import bert_uncased_tokenizer
 from training.data import BatchOrder, MaskingConfig, build_corpus, build_labelled, mask_tokens, open_split, repack
 from training.data.spans import encode_qa, encode_tagged, label_names, read_squad, read_tagged, split_by
@@ -51,26 +52,6 @@ from .trainer import Trainer, TrainTask, maybe_initialize_distributed, plot_curv
 # ------------------------------------------------------------------------------------------
 # Parameters
 # ------------------------------------------------------------------------------------------
-
-
-def extend_positions(params: dict, new_length: int, tile_from: int | None = None) -> dict:
-    """Tile the learned position embeddings up to `new_length` rows (rows [0, old) unchanged).
-    `tile_from`: tile the first `tile_from` rows instead, over whatever the table held past them. A model
-    without a position table (ALiBi: positions are distance biases) is returned as it is."""
-    params = jax.tree_util.tree_map(np.asarray, params)
-    if "position_embeddings" not in params["s4_bert"]["embeddings"]:
-        return params
-    table = params["s4_bert"]["embeddings"]["position_embeddings"]["embedding"]  # (old, d)
-    if tile_from is not None:
-        if tile_from > table.shape[0]:
-            raise ValueError(f"tile_positions_from={tile_from} is past the model's {table.shape[0]} positions")
-        table = table[:tile_from]
-    old = table.shape[0]
-    if new_length <= old:
-        return params
-    tiled = np.tile(table, (-(-new_length // old), 1))[:new_length]  # (new, d)
-    params["s4_bert"]["embeddings"]["position_embeddings"]["embedding"] = tiled
-    return params
 
 
 def restrict_to(params: dict, template: dict) -> dict:
