@@ -60,6 +60,7 @@ class CompiledBucket:
     output_names: list[str]
     weights: object = None  # what the graph's shared constants point into, kept alive with it (`share_weights`)
     int8_shared: object = None  # likewise for its int8 constants (`SharedInt8Weights`)
+    from_cache: bool = False  # read from OpenVINO's compiled-model cache (`load_compiled`'s cache_dir), not compiled
     _local: threading.local = field(default_factory=threading.local)
 
     def run(self, feeds: dict[str, np.ndarray], outputs: list[str] | None = None) -> dict[str, np.ndarray]:
@@ -252,6 +253,7 @@ def compile_graph(
         [port.get_any_name() for port in compiled.outputs],
         weights,
         int8_shared if precision == "int8-openvino" else None,
+        bool(compiled.get_property("LOADED_FROM_CACHE")),
     )
 
 
@@ -262,9 +264,14 @@ def load_compiled(
     threads: int | None = None,
     manifest: Manifest | None = None,
     weights=None,
+    cache_dir: str | Path | None = None,
 ) -> dict[int, CompiledBucket]:
     """{bucket: CompiledBucket} of the export dir's fp32 ONNX graphs at `precision`; with `weights`
-    (its `map_weights`), every bucket's constants over that one copy (`compile_graph`)."""
+    (its `map_weights`), every bucket's constants over that one copy (`compile_graph`). `cache_dir`: a writable
+    directory where OpenVINO keeps each compiled bucket and reads it back on the next load instead of compiling
+    (its `CACHE_DIR`, keyed by the graph, its weights and the compile properties; a blob that cannot be written or
+    read back is compiled instead). A bucket read back holds its own copy of the weights, from the blob: the
+    service's caller keys the directory by CPU and export and weighs that cost (service/compiled_cache.py)."""
     import openvino as ov
 
     export_dir = Path(export_dir)
@@ -272,6 +279,8 @@ def load_compiled(
     if manifest.onnx is None:
         raise ValueError(f"{export_dir} has no ONNX graphs (export with --formats onnx)")
     core = ov.Core()
+    if cache_dir is not None:
+        core.set_property({"CACHE_DIR": str(cache_dir)})
     # int8-openvino: each weight of the shared file made int8 once for every bucket
     int8_shared = SharedInt8Weights(frozenset(manifest.onnx.weights))
     return {

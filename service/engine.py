@@ -201,7 +201,7 @@ class ModelEngine:
     def _load_runtime(self, kind: str, export_dir: Path, manifest: Manifest, choice: PrecisionChoice) -> Runtime:
         settings = self.settings
         return load_runtime(kind, export_dir, manifest, settings.intra_op_threads, settings.ort_spin_wait,
-                            settings.ort_shared_arena, choice.by_bucket)  # fmt: skip
+                            settings.ort_shared_arena, choice.by_bucket, settings.cache_dir)  # fmt: skip
 
     async def stop(self) -> None:
         await self.batcher.stop()

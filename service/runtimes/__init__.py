@@ -55,10 +55,13 @@ def load_runtime(
     ort_spin_wait: bool = False,
     ort_shared_arena: bool = True,
     precision: str | dict[int, str] = FP32,
+    cache_dir: str | Path | None = None,
 ) -> Runtime:
     """The runtime `kind` at `precision`, one for the model or one per bucket (already chosen:
     service/precision_policy.py); reduced precision is a variant of the ONNX graphs, so only `onnx` takes
-    it. Each bucket runs on its precision's runtime (export/precisions.py): OpenVINO's (`ON_OPENVINO`) or ORT."""
+    it. Each bucket runs on its precision's runtime (export/precisions.py): OpenVINO's (`ON_OPENVINO`) or ORT.
+    `cache_dir`: the settings' compiled-model cache, where OpenVINO's buckets are kept between starts
+    (service/compiled_cache.py); None or empty: compiled at every start."""
     by_bucket = dict.fromkeys(manifest.buckets, precision) if isinstance(precision, str) else dict(precision)
     if kind != "onnx" and set(by_bucket.values()) - {FP32}:
         raise ValueError(f"precision {summary_precision(by_bucket)} needs runtime onnx (runtime {kind} serves fp32)")
@@ -72,12 +75,19 @@ def load_runtime(
             export_dir, manifest, in_memory=True, names=graph_weights(manifest, served_graphs(by_bucket))
         )
         parts: list[Runtime] = []
+        compiled_cache = None
+        if set(by_bucket.values()) & set(ON_OPENVINO):
+            from ..compiled_cache import openvino_cache_dir
+
+            compiled_cache = openvino_cache_dir(cache_dir, manifest)
         for on_openvino in ON_OPENVINO:  # a compiled model per bucket, over the same weights
             at = [b for b, p in by_bucket.items() if p == on_openvino]
             if at:
                 from .openvino import OpenVinoRuntime
 
-                parts.append(OpenVinoRuntime(export_dir, manifest, on_openvino, intra_op_threads, at, weights))
+                parts.append(
+                    OpenVinoRuntime(export_dir, manifest, on_openvino, intra_op_threads, at, weights, compiled_cache)
+                )
                 # products made int8 (int8-openvino's): their fp32 weights go, unless another graph reads them
                 others = {b: p for b, p in by_bucket.items() if p != on_openvino}
                 weights.drop(parts[-1].weights_made_int8() - graph_weights(manifest, served_graphs(others)))

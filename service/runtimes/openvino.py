@@ -5,11 +5,13 @@ Same graphs as the onnx runtime, so the same heads and signatures: one graph per
 its head's logits and the embeddings, and the output the head asks for is returned. Weights: given the
 model's weights in memory (what `load_runtime` reads once for both runtimes), every bucket's
 constants point into them; each compiled bucket adds its products' weights repacked at bf16
-(export/openvino_runtime.py `share_weights`).
+(export/openvino_runtime.py `share_weights`). A bucket read back from the compiled-model cache (`cache_dir`,
+service/compiled_cache.py) holds the weights of its blob instead: compiled once, not shared.
 """
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 import numpy as np
@@ -18,6 +20,8 @@ from export.heads import MASK_POSITIONS, signature
 from export.manifest import Manifest
 from export.onnx_runtime import MappedWeights
 from export.openvino_runtime import load_compiled
+
+log = logging.getLogger("bigs")
 
 
 class OpenVinoRuntime:
@@ -31,15 +35,27 @@ class OpenVinoRuntime:
         intra_op_threads: int = 0,
         buckets: list[int] | None = None,  # None: every bucket; else the buckets this runtime serves
         weights: MappedWeights | None = None,  # the model's weights in memory, which every bucket's constants share
+        cache_dir: Path | None = None,  # where compiled buckets are kept between starts (service/compiled_cache.py)
     ):
         self.heads = list(manifest.heads)
         self.precision = precision
         self.compiled = load_compiled(
-            export_dir, precision, buckets=buckets, threads=intra_op_threads or None, manifest=manifest, weights=weights
+            export_dir,
+            precision,
+            buckets=buckets,
+            threads=intra_op_threads or None,
+            manifest=manifest,
+            weights=weights,
+            cache_dir=cache_dir,
         )
         self.buckets = sorted(self.compiled)
         self.precisions = dict.fromkeys(self.buckets, precision)
         self.input_names = set(self.compiled[self.buckets[0]].input_names)
+        self.from_cache = [b for b in self.buckets if self.compiled[b].from_cache]  # read back, not compiled
+        if cache_dir is not None:
+            compiled = [b for b in self.buckets if b not in self.from_cache]
+            log.info("%s, %s on OpenVINO: buckets read from the compiled-model cache: %s; compiled and written to it: %s",
+                     export_dir, precision, _listed(self.from_cache), _listed(compiled))  # fmt: skip
 
     def release_memory(self) -> None:
         """Give back every compiled bucket's intermediate buffers (OpenVINO's `release_memory`): a compiled bucket
@@ -60,3 +76,7 @@ class OpenVinoRuntime:
             feeds[MASK_POSITIONS] = np.zeros((inputs["input_ids"].shape[0], 1), np.int64)  # unused by this head
         output = signature(head).output
         return self.compiled[bucket].run(feeds, [output])[output]
+
+
+def _listed(buckets: list[int]) -> str:
+    return ", ".join(map(str, buckets)) or "none"
