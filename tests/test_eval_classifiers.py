@@ -16,18 +16,23 @@ ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.slow
 
 
-def test_a_classifier_scores_its_cards_test_accuracy_beside_both_baselines(tmp_path):
-    model = ROOT / "models" / "bigs-mini-news"
-    card = json.loads((model / "training_card.json").read_text())
+def bigs_eval(model: Path, tmp_path: Path, timeout: int) -> tuple[str, list[dict]]:
+    """`bigs eval MODEL` as a user runs it, on the held-out split it builds under tmp_path: (stdout, the report's rows)."""
     out = tmp_path / "report.json"
     done = subprocess.run(
         [sys.executable, "-m", "bigs_cli", "eval", str(model), "--data-dir", str(tmp_path / "data"), "--json", str(out)],
-        cwd=ROOT, capture_output=True, text=True, timeout=600,
+        cwd=ROOT, capture_output=True, text=True, timeout=timeout,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-2000:]
-    assert "TF-IDF + LR accuracy" in done.stdout and "majority class accuracy" in done.stdout
-    report = json.loads(out.read_text())
-    scores = {r["metric"]: r for r in report["rows"]}
+    return done.stdout, json.loads(out.read_text())["rows"]
+
+
+def test_a_classifier_scores_its_cards_test_accuracy_beside_both_baselines(tmp_path):
+    model = ROOT / "models" / "bigs-mini-news"
+    card = json.loads((model / "training_card.json").read_text())
+    stdout, report_rows = bigs_eval(model, tmp_path, timeout=600)
+    assert "TF-IDF + LR accuracy" in stdout and "majority class accuracy" in stdout
+    scores = {r["metric"]: r for r in report_rows}
     assert scores["accuracy"]["value"] == pytest.approx(card["held_out"]["test_accuracy"])
     assert scores["macro-F1"]["value"] == pytest.approx(card["held_out"]["test_f1_macro"])
     assert scores["accuracy"]["count"] == 212
@@ -39,13 +44,8 @@ def test_a_long_document_classifier_is_scored_whole_and_cut_as_its_training_card
     # truncations; both equal what the training run measured through its own batches
     model = ROOT / "models" / "bigs-mini-longdoc"
     card = json.loads((model / "training_card.json").read_text())
-    out = tmp_path / "report.json"
-    done = subprocess.run(
-        [sys.executable, "-m", "bigs_cli", "eval", str(model), "--data-dir", str(tmp_path / "data"), "--json", str(out)],
-        cwd=ROOT, capture_output=True, text=True, timeout=1200,
-    )  # fmt: skip
-    assert done.returncode == 0, done.stderr[-2000:]
-    rows = {(r["metric"], r["note"]): r for r in json.loads(out.read_text())["rows"]}
+    _, report_rows = bigs_eval(model, tmp_path, timeout=1200)
+    rows = {(r["metric"], r["note"]): r for r in report_rows}
     assert rows[("accuracy", "read up to 4,096 tokens")]["value"] == pytest.approx(card["held_out"]["test_accuracy"])
     cut = rows[("accuracy", "cut to 512 tokens")]
     assert cut["value"] == pytest.approx(card["held_out"]["test_at_512_accuracy"])
