@@ -22,9 +22,11 @@ the tokenization too. Every method, `tokenize` and `decode` included, takes the 
 bounds: `max_inputs_per_request` inputs, each at most the model's length (413 past it unless
 `truncate`; a text far over it counted from a prefix, service/tokenization.py; embeddings and
 classification may instead read it in windows, `"overflow": "chunk"`, service/chunking.py), tokenized
-in a worker thread under the deadline (`_tokenizer_work`). Nothing a request sends is worked on at length on the
-event loop: CPU work that grows with the request runs in worker threads (large answers are built
-there too), and fill-mask answers are bounded (`max_fill_mask_candidates`).
+under the deadline (`_tokenizer_work`): on the loop when the request's texts are short (a worker thread's
+hand-off costs more than tokenizing ~125 tokens, and under load that CPU is the graph's), else in a worker
+thread. Nothing a request sends is worked on at length on the event loop: CPU work that grows with the
+request runs in worker threads (large answers are built there too), and fill-mask answers are bounded
+(`max_fill_mask_candidates`).
 
 An engine is built from an export dir's manifest, read once by the service state (service/state.py).
 """
@@ -77,6 +79,11 @@ from .tokenization import Encoded, RequestTokenizer, SpanEncoded, TooLong
 # Postprocessing more than this (masks × vocabulary softmax entries, plus candidates × input tokens for
 # their sequences) runs in a worker thread; smaller answers are quicker done on the loop than handed off.
 POSTPROCESS_INLINE_WORK = 200_000
+# A request whose texts come to at most this many characters (token ids count one each) is tokenized on the
+# loop: ~1 ms of WordPiece on a slow core, less than what handing it to a worker thread and back costs the loop
+# and that thread together. At 32 clients sending ~125-token texts (2-core Xeon, VNNI) that CPU went to the graph:
+# 14% more requests a second (docs/BENCHMARKS.md, "Where a request's time goes").
+TOKENIZE_INLINE_CHARS = 4_096
 
 T = TypeVar("T")
 
@@ -454,7 +461,7 @@ class ModelEngine:
         started = time.perf_counter()
         with self.batcher.expecting():  # queued right after, with no await in between
             encoded = await self._tokenizer_work(
-                lambda: self.tokenizer.encode(items, truncate, documents, limit), deadline, advice
+                lambda: self.tokenizer.encode(items, truncate, documents, limit), deadline, advice, text_size(items)
             )
         self._observe_encoded(encoded, started)
         return encoded
@@ -474,18 +481,23 @@ class ModelEngine:
         started = time.perf_counter()
         with self.batcher.expecting():
             encoded = await self._tokenizer_work(
-                lambda: self.tokenizer.encode_spans(items, truncate, strategy), deadline
+                lambda: self.tokenizer.encode_spans(items, truncate, strategy), deadline, size=text_size(items)
             )
         self._observe_encoded(encoded, started)
         return encoded
 
     @staticmethod
-    async def _tokenizer_work(work: Callable[[], T], deadline: float | None, advice=None) -> T:
-        """`work()`, the tokenizer's (every text of every route is tokenized here), in a worker thread
-        until the deadline (504); its refusals as answers: TooLong 413 (its message, or `advice(error)`),
-        another ValueError (a token id outside the vocabulary) 422."""
+    async def _tokenizer_work(
+        work: Callable[[], T], deadline: float | None, advice=None, size: int | None = None
+    ) -> T:
+        """`work()`, the tokenizer's (every text of every route is tokenized here): on the loop when `size`, the
+        request's characters (`text_size`), is at most TOKENIZE_INLINE_CHARS, else in a worker thread until the
+        deadline (504); its refusals as answers: TooLong 413 (its message, or `advice(error)`), another
+        ValueError (a token id outside the vocabulary) 422."""
         remaining = None if deadline is None else max(0.0, deadline - time.perf_counter())
         try:
+            if size is not None and size <= TOKENIZE_INLINE_CHARS:
+                return work()
             return await asyncio.wait_for(asyncio.to_thread(work), remaining)
         except TimeoutError:
             raise ServiceError(504, "timeout", "the request deadline passed while its inputs were tokenized") from None
@@ -604,3 +616,15 @@ def _config_field(export_dir: Path, name: str):
     import json
 
     return json.loads((export_dir / "config.json").read_text()).get(name)
+
+
+def text_size(items: list) -> int:
+    """A request's inputs in characters, what tokenizing them costs: a text by its length, a pair by both texts',
+    a list of token ids by its count."""
+    size = 0
+    for item in items:
+        if isinstance(item, str):
+            size += len(item)
+        else:  # a (text, text) pair, or token ids
+            size += sum(len(part) if isinstance(part, str) else 1 for part in item)
+    return size

@@ -140,3 +140,39 @@ def test_texts_far_too_long_answered_as_if_tokenized_whole(request_tokenizer, li
         except TooLong as error:
             assert not fits and "The question is never cut" in str(error)
     assert proven >= 6
+
+
+def test_short_requests_are_tokenized_on_the_loop_and_long_ones_in_a_worker_thread():
+    """`_tokenizer_work` runs the tokenizer where it is cheapest: on the event loop's thread for a request of at
+    most TOKENIZE_INLINE_CHARS characters (a pair counts both texts; token ids one each), in a worker thread
+    past it; its refusals are the same answers either way."""
+    import asyncio
+    import threading
+
+    from service.engine import TOKENIZE_INLINE_CHARS, ModelEngine, text_size
+    from service.errors import ServiceError
+    from service.tokenization import TooLong
+
+    assert text_size(["ab", ("cde", "f"), ["g", "hi"], [101, 2023, 102]]) == 2 + 4 + 3 + 3
+
+    async def thread_of(size: int) -> threading.Thread:
+        return await ModelEngine._tokenizer_work(threading.current_thread, None, size=size)
+
+    async def refusal(size: int) -> int:
+        def too_long():
+            raise TooLong(9, 8, 0)
+
+        try:
+            await ModelEngine._tokenizer_work(too_long, None, size=size)
+        except ServiceError as error:
+            return error.status
+        raise AssertionError("no refusal")
+
+    async def main():
+        loop_thread = threading.current_thread()
+        assert await thread_of(TOKENIZE_INLINE_CHARS) is loop_thread
+        assert await thread_of(TOKENIZE_INLINE_CHARS + 1) is not loop_thread
+        assert await thread_of(None) is not loop_thread  # no size given (e.g. /tokenize's answers): a worker thread
+        assert await refusal(10) == await refusal(TOKENIZE_INLINE_CHARS + 1) == 413
+
+    asyncio.run(main())
