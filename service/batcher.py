@@ -99,6 +99,11 @@ class ModelBatcher:
     def lane_for(self, bucket: int) -> Lane:
         return self.lanes["long" if bucket >= self.settings.long_bucket_min_length else "short"]
 
+    def short_lane_running(self) -> bool:
+        """A batch is on the short lane's runtime now: what is queued meanwhile waits for it to end and forms the
+        next batch together, so a short request need not be announced as on its way (`expecting`)."""
+        return bool(self.lanes["short"].running)
+
     def batch_sizes(self, bucket: int) -> list[int]:
         return batch_sizes(bucket, self.settings.max_batch_tokens, self.settings.max_batch_size)
 

@@ -22,11 +22,12 @@ the tokenization too. Every method, `tokenize` and `decode` included, takes the 
 bounds: `max_inputs_per_request` inputs, each at most the model's length (413 past it unless
 `truncate`; a text far over it counted from a prefix, service/tokenization.py; embeddings and
 classification may instead read it in windows, `"overflow": "chunk"`, service/chunking.py), tokenized
-under the deadline (`_tokenizer_work`): on the loop when the request's texts are short (a worker thread's
-hand-off costs more than tokenizing ~125 tokens, and under load that CPU is the graph's), else in a worker
-thread. Nothing a request sends is worked on at length on the event loop: CPU work that grows with the
-request runs in worker threads (large answers are built there too), and fill-mask answers are bounded
-(`max_fill_mask_candidates`).
+under the deadline (`_tokenizer_work`): on the loop when the request's texts are short and a batch is
+running (under load a worker thread's hand-off costs more CPU than tokenizing ~125 tokens, CPU the graph
+needs), else in a worker thread, where the request counts as on its way and an idle lane waits for it to
+batch (batcher.py). Nothing a request sends is worked on at length on the event loop: CPU work that grows
+with the request runs in worker threads (large answers are built there too), and fill-mask answers are
+bounded (`max_fill_mask_candidates`).
 
 An engine is built from an export dir's manifest, read once by the service state (service/state.py).
 """
@@ -79,10 +80,12 @@ from .tokenization import Encoded, RequestTokenizer, SpanEncoded, TooLong
 # Postprocessing more than this (masks × vocabulary softmax entries, plus candidates × input tokens for
 # their sequences) runs in a worker thread; smaller answers are quicker done on the loop than handed off.
 POSTPROCESS_INLINE_WORK = 200_000
-# A request whose texts come to at most this many characters (token ids count one each) is tokenized on the
-# loop: ~1 ms of WordPiece on a slow core, less than what handing it to a worker thread and back costs the loop
-# and that thread together. At 32 clients sending ~125-token texts (2-core Xeon, VNNI) that CPU went to the graph:
-# 14% more requests a second (docs/BENCHMARKS.md, "Where a request's time goes").
+# While a batch runs, a request whose texts come to at most this many characters (token ids count one each) is
+# tokenized on the loop: ~1 ms of WordPiece on a slow core, less than what handing it to a worker thread and back
+# costs the loop and that thread together, and its inputs queue for the next batch either way. At 32 clients
+# sending ~125-token texts (2-core Xeon, VNNI) that CPU went to the graph: 12.1 vs 13.7 ms of server CPU a
+# request, 122 vs 108 requests/s (docs/BENCHMARKS.md, "Where a request's time goes"). With the lane idle the thread is kept: a request being
+# tokenized there is one the lane waits for (batcher.py), which is what forms batches of cheap requests.
 TOKENIZE_INLINE_CHARS = 4_096
 
 T = TypeVar("T")
@@ -486,17 +489,16 @@ class ModelEngine:
         self._observe_encoded(encoded, started)
         return encoded
 
-    @staticmethod
     async def _tokenizer_work(
-        work: Callable[[], T], deadline: float | None, advice=None, size: int | None = None
+        self, work: Callable[[], T], deadline: float | None, advice=None, size: int | None = None
     ) -> T:
         """`work()`, the tokenizer's (every text of every route is tokenized here): on the loop when `size`, the
-        request's characters (`text_size`), is at most TOKENIZE_INLINE_CHARS, else in a worker thread until the
-        deadline (504); its refusals as answers: TooLong 413 (its message, or `advice(error)`), another
-        ValueError (a token id outside the vocabulary) 422."""
+        request's characters (`text_size`), is at most TOKENIZE_INLINE_CHARS and the short lane is running a
+        batch, else in a worker thread until the deadline (504); its refusals as answers: TooLong 413 (its
+        message, or `advice(error)`), another ValueError (a token id outside the vocabulary) 422."""
         remaining = None if deadline is None else max(0.0, deadline - time.perf_counter())
         try:
-            if size is not None and size <= TOKENIZE_INLINE_CHARS:
+            if size is not None and size <= TOKENIZE_INLINE_CHARS and self.batcher.short_lane_running():
                 return work()
             return await asyncio.wait_for(asyncio.to_thread(work), remaining)
         except TimeoutError:

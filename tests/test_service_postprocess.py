@@ -142,37 +142,51 @@ def test_texts_far_too_long_answered_as_if_tokenized_whole(request_tokenizer, li
     assert proven >= 6
 
 
-def test_short_requests_are_tokenized_on_the_loop_and_long_ones_in_a_worker_thread():
-    """`_tokenizer_work` runs the tokenizer where it is cheapest: on the event loop's thread for a request of at
-    most TOKENIZE_INLINE_CHARS characters (a pair counts both texts; token ids one each), in a worker thread
-    past it; its refusals are the same answers either way."""
+def test_short_requests_are_tokenized_on_the_loop_while_a_batch_runs_else_in_a_worker_thread():
+    """`_tokenizer_work` runs the tokenizer where it is cheapest without costing batches: on the event loop's
+    thread for a request of at most TOKENIZE_INLINE_CHARS characters (a pair counts both texts; token ids one
+    each) while the short lane runs a batch; in a worker thread past that size, or with the lane idle (there a
+    request being tokenized is one the lane waits for). Its refusals are the same answers either way."""
     import asyncio
     import threading
 
+    from service.batcher import Job, ModelBatcher
     from service.engine import TOKENIZE_INLINE_CHARS, ModelEngine, text_size
     from service.errors import ServiceError
-    from service.tokenization import TooLong
+    from service.metrics import ServiceMetrics
+    from service.settings import ServiceSettings
+    from service.tokenization import Encoded, TooLong
 
     assert text_size(["ab", ("cde", "f"), ["g", "hi"], [101, 2023, 102]]) == 2 + 4 + 3 + 3
 
-    async def thread_of(size: int) -> threading.Thread:
-        return await ModelEngine._tokenizer_work(threading.current_thread, None, size=size)
-
-    async def refusal(size: int) -> int:
-        def too_long():
-            raise TooLong(9, 8, 0)
-
-        try:
-            await ModelEngine._tokenizer_work(too_long, None, size=size)
-        except ServiceError as error:
-            return error.status
-        raise AssertionError("no refusal")
+    def too_long():
+        raise TooLong(9, 8, 0)
 
     async def main():
+        engine = ModelEngine.__new__(ModelEngine)  # the policy needs only the batcher's lanes
+        engine.batcher = ModelBatcher("m", None, ServiceSettings(), ServiceMetrics())
         loop_thread = threading.current_thread()
+
+        async def thread_of(size):
+            return await engine._tokenizer_work(threading.current_thread, None, size=size)
+
+        async def refusal(size):
+            try:
+                await engine._tokenizer_work(too_long, None, size=size)
+            except ServiceError as error:
+                return error.status
+            raise AssertionError("no refusal")
+
+        assert await thread_of(10) is not loop_thread  # the lane idle: announced, in a worker thread
+        batch = Job("embeddings", 128, Encoded(np.ones(3, np.int64), np.zeros(3, np.int64)),
+                    asyncio.get_running_loop().create_future(), deadline=float("inf"))  # fmt: skip
+        engine.batcher.lanes["short"].running = [batch]
         assert await thread_of(TOKENIZE_INLINE_CHARS) is loop_thread
         assert await thread_of(TOKENIZE_INLINE_CHARS + 1) is not loop_thread
-        assert await thread_of(None) is not loop_thread  # no size given (e.g. /tokenize's answers): a worker thread
+        assert await thread_of(None) is not loop_thread  # no size given (/tokenize's answers): a worker thread
+        engine.batcher.lanes["long"].running, engine.batcher.lanes["short"].running = [batch], []
+        assert await thread_of(10) is not loop_thread  # only the short lane's batch counts
+        engine.batcher.lanes["short"].running = [batch]
         assert await refusal(10) == await refusal(TOKENIZE_INLINE_CHARS + 1) == 413
 
     asyncio.run(main())
