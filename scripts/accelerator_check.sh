@@ -16,19 +16,10 @@ cd "$(git rev-parse --show-toplevel)"
 source "scripts/device_call.sh"
 TIMEOUT_S=540  # the call's limit: the budget, the watchdog's grace (bench/accelerator.py GRACE_S), the start-up
 BUDGET_S=480  # bench/accelerator.py DEFAULT_BUDGET_S
-download=download
-slim=0
-for arg in "$@"; do
-    case "$arg" in
-        --slim) slim=1 ;;
-        --no-download) download=no-download ;;
-        --restore) device_restore ;;
-        *) echo "usage: $0 [--slim] [--no-download] | --restore" >&2; exit 2 ;;
-    esac
-done
+device_options "$@"  # sets DEVICE_SLIM and DEVICE_DOWNLOAD; --restore restores and exits
 
-if [ "$slim" = 1 ]; then device_slim; fi
-device_wheels "$download"  # 1. the wheels into .whl/
+if [ "$DEVICE_SLIM" = 1 ]; then device_slim; fi
+device_wheels "$DEVICE_DOWNLOAD"  # 1. the wheels into .whl/
 device_sizes .whl  # 2. what travels: the tree and .whl/
 
 # 3. The call. $OUT is the folder whose files come back: the report and the log, nothing else (the

@@ -20,6 +20,21 @@ DEVICE_STASH="$(git rev-parse --git-dir)/bigs-slim"
 # The start of every call's command: the carried wheels installed where Python finds them.
 DEVICE_INSTALL="python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit; export PYTHONPATH=/tmp/site:\$PWD PYTHONUNBUFFERED=1; set -o pipefail; nvidia-smi -L;"
 
+# The options both scripts take: --slim (DEVICE_SLIM=1), --no-download (DEVICE_DOWNLOAD=no-download: the
+# wheels already in .whl/), --restore (models/ back; exits); anything else: the usage line, exit status 2.
+device_options() {
+    DEVICE_SLIM=0
+    DEVICE_DOWNLOAD=download
+    for arg in "$@"; do
+        case "$arg" in
+            --slim) DEVICE_SLIM=1 ;;
+            --no-download) DEVICE_DOWNLOAD=no-download ;;
+            --restore) device_restore ;;
+            *) echo "usage: $0 [--slim] [--no-download] | --restore" >&2; exit 2 ;;
+        esac
+    done
+}
+
 # models/ back in the checkout and in git's index; exits.
 device_restore() {
     if [ ! -d "$DEVICE_STASH/models" ]; then echo "nothing to restore: $DEVICE_STASH/models does not exist" >&2; exit 1; fi

@@ -23,16 +23,7 @@ source "scripts/device_call.sh"
 TIMEOUT_S=480  # the call's limit: the budget (bench/window.py DEFAULT_BUDGET_S, 380 s), the install, the start
 CORPUS=${CORPUS:-runs/distill-mlm/data}
 TEACHER=${TEACHER:-runs/teacher-mlm-long/artifact}
-download=download
-slim=0
-for arg in "$@"; do
-    case "$arg" in
-        --slim) slim=1 ;;
-        --no-download) download=no-download ;;
-        --restore) device_restore ;;
-        *) echo "usage: $0 [--slim] [--no-download] | --restore" >&2; exit 2 ;;
-    esac
-done
+device_options "$@"  # sets DEVICE_SLIM and DEVICE_DOWNLOAD; --restore restores and exits
 
 if [ ! -f "$CORPUS/data_card.json" ]; then
     echo "no built corpus in $CORPUS: build it with" >&2
@@ -52,8 +43,8 @@ if ! git check-ignore -q .window; then
     exit 1
 fi
 
-if [ "$slim" = 1 ]; then device_slim; fi
-device_wheels "$download"  # 1. the wheels into .whl/
+if [ "$DEVICE_SLIM" = 1 ]; then device_slim; fi
+device_wheels "$DEVICE_DOWNLOAD"  # 1. the wheels into .whl/
 rm -rf .window
 room=$(device_sizes --room .whl)  # 2. the corpus and the teacher into what the tree and the wheels leave
 "$PYTHON" -m bench.window pack --corpus "$CORPUS" --teacher "$TEACHER" --bundle .window --room-mib "$room"

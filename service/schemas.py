@@ -16,7 +16,16 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, field_validator, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictBool,
+    StrictInt,
+    field_validator,
+    model_validator,
+)
 
 # The most items a list of inputs may have before validation stops: a ceiling far above
 # `max_inputs_per_request` (default 64, the limit that applies, answered by the engine), so raising
@@ -424,6 +433,17 @@ def _check_texts(items) -> None:
             _not_blank(item)
 
 
+def _texts(items: list[str]) -> list[str]:
+    _check_texts(items)
+    return items
+
+
+# The two sides of TEI's comparisons (/rerank's query and texts, /similarity's source sentence and sentences):
+# a text that is not blank, and a non-empty, bounded list of such texts.
+ComparedText = Annotated[str, AfterValidator(_not_blank)]
+ComparedTexts = Annotated[list[str], Field(min_length=1, max_length=MAX_LIST_INPUTS), AfterValidator(_texts)]
+
+
 class TEIEmbedRequest(_TEIOverflow):
     model_config = ConfigDict(
         extra="forbid", json_schema_extra={"examples": [{"inputs": ["the cat sat", "a dog ran"], "normalize": True}]}
@@ -493,37 +513,15 @@ class TEIRerankRequest(_TEIBody):
         },
     )
 
-    query: str
-    texts: Annotated[list[str], Field(min_length=1, max_length=MAX_LIST_INPUTS)]
+    query: ComparedText
+    texts: ComparedTexts
     return_text: StrictBool = False
     raw_scores: StrictBool = Field(False, description="cross-scoring: the logit, not its sigmoid")
 
-    @field_validator("query")
-    @classmethod
-    def check_query(cls, value):
-        return _not_blank(value)
-
-    @field_validator("texts")
-    @classmethod
-    def check_texts(cls, value):
-        _check_texts(value)
-        return value
-
 
 class TEISimilarityInput(_Body):
-    source_sentence: str
-    sentences: Annotated[list[str], Field(min_length=1, max_length=MAX_LIST_INPUTS)]
-
-    @field_validator("source_sentence")
-    @classmethod
-    def check_source(cls, value):
-        return _not_blank(value)
-
-    @field_validator("sentences")
-    @classmethod
-    def check_sentences(cls, value):
-        _check_texts(value)
-        return value
+    source_sentence: ComparedText
+    sentences: ComparedTexts
 
 
 class TEISimilarityParameters(_TEIBody):
