@@ -13,7 +13,8 @@ batch (token budget bucket × batch ≤ max_batch_tokens, and max_batch_size) or
 have passed since that oldest input arrived, whichever is first; with nothing on its way it runs
 at once, so a lone request never waits for company that is not coming. It takes the largest
 power of two of the inputs ready — batch shapes stay within a small set, each (task, bucket) warmed
-up at batch 1 at least (`warmup_batches`) — and
+up at batch 1 at least (`warmup_batches`; the long lane's buckets by default on that lane right after
+the service is ready, ahead of its first batch: `warmup_long_lane`) — and
 runs them in its worker thread (ONNX Runtime and XLA release the GIL). Inputs whose client has
 gone or whose deadline has passed are dropped before they cost anything.
 """
@@ -21,10 +22,11 @@ gone or whose deadline has passed are dropped before they cost anything.
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
@@ -37,6 +39,10 @@ from .metrics import ServiceMetrics
 from .runtimes import Runtime, release_memory
 from .settings import ServiceSettings
 from .tokenization import Encoded
+
+# The long lanes' warm-ups after ready, one model at a time as before ready: run together, every model's longest
+# activations were held at once and the process kept ~100 MB more resident after (five defaults, 2-core Xeon).
+ONE_LONG_WARM_UP = threading.Lock()
 
 
 class DeadlineExceeded(Exception):
@@ -148,29 +154,57 @@ class ModelBatcher:
                     failed += 1
         return failed
 
-    def warm_shapes(self, runtime: Runtime | None = None) -> list[tuple[str, int, int]]:
-        """The shapes warm-up runs on `runtime` (default its own): all of them, or batch 1 of each (head,
-        bucket) (`warmup_batches`; auto: all where the runtime compiles per shape, i.e. XLA)."""
+    def warm_shapes(
+        self, runtime: Runtime | None = None, lanes: tuple[str, ...] | None = None
+    ) -> list[tuple[str, int, int]]:
+        """The shapes warm-up runs on `runtime` (default its own), of the buckets of `lanes` (default both): all
+        of them, or batch 1 of each (head, bucket) (`warmup_batches`; auto: all where the runtime compiles per
+        shape, i.e. XLA)."""
         runtime = runtime or self.runtime
-        shapes = self.shapes(runtime)
+        shapes = [s for s in self.shapes(runtime) if lanes is None or self.lane_for(s[1]).name in lanes]
         policy = self.settings.warmup_batches
         if policy == "auto":
             policy = "all" if runtime.kind == "stablehlo" else "first"
         return shapes if policy == "all" else [s for s in shapes if s[2] == 1]
 
-    def warm_up(self, done: Callable[[int, int], object] | None = None, runtime: Runtime | None = None) -> None:
-        """Run every warm-up shape once (blocking; called before the service says ready, or before a
-        model switches to `runtime`, default its own), bucket by bucket, shortest first; `done(bucket,
-        shapes)` after each (one start-up line per bucket, not per shape: a model has dozens of shapes)."""
+    def warm_up(
+        self,
+        done: Callable[[int, int], object] | None = None,
+        runtime: Runtime | None = None,
+        lanes: tuple[str, ...] | None = None,
+    ) -> None:
+        """Run every warm-up shape of `lanes`' buckets (default both) once (blocking; called before the service
+        says ready, or before a model switches to `runtime`, default its own; the long lane's own on its thread,
+        `warm_long_lane`), bucket by bucket, shortest first; `done(bucket, shapes)` after each (one start-up line
+        per bucket, not per shape: a model has dozens of shapes)."""
         runtime = runtime or self.runtime
-        shapes = self.warm_shapes(runtime)
-        for bucket in sorted({b for _, b, _ in shapes}):
+        shapes = self.warm_shapes(runtime, lanes)
+        buckets = sorted({b for _, b, _ in shapes})
+        for bucket in buckets:
             these = [(head, batch) for head, b, batch in shapes if b == bucket]
             for head, batch in these:
                 runtime.run(head, bucket, placeholder_inputs(head, batch, bucket))
             if done is not None:
                 done(bucket, len(these))
-        release_memory(runtime)  # warm-up's buffers, where a runtime keeps them per model (OpenVINO's)
+        # warm-up's buffers, where a runtime keeps them per model (OpenVINO's): all of them, or (one lane's
+        # warm-up, while the other lane may be running) those of the buckets it warmed
+        release_memory(runtime, None if lanes is None else buckets)
+
+    def warm_long_lane(self, done: Callable[[float, list[int]], object]) -> Future | None:
+        """After `start`: the long lane's warm-up (`warm_up` of its buckets) on the long lane's own worker, so it
+        runs before any long batch the lane takes after it (one worker, first come first served). `done(seconds,
+        buckets)` when it is over. None: the lane has nothing to warm."""
+        buckets = sorted({b for _, b, _ in self.warm_shapes(lanes=("long",))})
+        if not buckets:
+            return None
+
+        def warm() -> None:
+            with ONE_LONG_WARM_UP:
+                started = time.perf_counter()
+                self.warm_up(lanes=("long",))
+                done(time.perf_counter() - started, buckets)
+
+        return self.lanes["long"].executor.submit(warm)
 
     # -- the queue ------------------------------------------------------------------------
 

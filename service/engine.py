@@ -35,6 +35,7 @@ An engine is built from an export dir's manifest, read once by the service state
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -89,6 +90,7 @@ POSTPROCESS_INLINE_WORK = 200_000
 TOKENIZE_INLINE_CHARS = 4_096
 
 T = TypeVar("T")
+log = logging.getLogger("bigs")
 
 # Returns when the client has gone away (the route knows how to tell; the engine watches for it).
 ClientGone = Callable[[], Awaitable[None]]
@@ -178,13 +180,36 @@ class ModelEngine:
     # -- lifecycle --------------------------------------------------------------------------
 
     def warm_up(self, done: Callable[[int, int], object] | None = None) -> int:
-        """Run the batcher's warm-up shapes (blocking); the number of shapes. `done(bucket, shapes)`
-        after each bucket (the start-up's progress lines)."""
-        self.batcher.warm_up(done)
-        return len(self.batcher.warm_shapes())
+        """Run the batcher's warm-up shapes before the service is ready (blocking): every lane's, or the short
+        lane's only where the long lane warms its own after (`warmup_long_lane`, `start`); the number of shapes.
+        `done(bucket, shapes)` after each bucket (the start-up's progress lines)."""
+        self.batcher.warm_up(done, lanes=self._lanes_before_ready())
+        return len(self.warm_shapes_before_ready())
+
+    def warm_shapes_before_ready(self) -> list[tuple[str, int, int]]:
+        """The (head, bucket, batch) shapes `warm_up` runs before the service is ready."""
+        return self.batcher.warm_shapes(lanes=self._lanes_before_ready())
+
+    def _lanes_before_ready(self) -> tuple[str, ...] | None:
+        return ("short",) if self.settings.warmup_long_lane == "after-ready" else None
 
     def start(self) -> None:
+        """On the event loop, once loaded: the lanes run; with `warmup_long_lane` after-ready, the long lane
+        warms its buckets first, on its own thread, and says so in one line."""
         self.batcher.start()
+        if self.settings.warmup and self.settings.warmup_long_lane == "after-ready":
+            warming = self.batcher.warm_long_lane(self._long_lane_warmed)
+            if warming is not None:
+                warming.add_done_callback(self._long_lane_failed)
+
+    def _long_lane_warmed(self, seconds: float, buckets: list[int]) -> None:
+        listed = ", ".join(f"{b:,}" for b in buckets)
+        log.info("warm-up %s: the long lane's buckets (%s) warmed after ready in %.1f s", self.name, listed, seconds)
+
+    def _long_lane_failed(self, warming) -> None:
+        error = warming.exception()
+        if error is not None:  # the lane goes on: its first batches run cold, and fail on their own if they must
+            log.warning("warm-up %s: the long lane's warm-up failed (%s: %s)", self.name, type(error).__name__, error)
 
     def switch_to(self, export_dir: Path, manifest: Manifest) -> str:
         """Blocking (a worker thread, while requests are served): build the export dir's runtime at the

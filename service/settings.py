@@ -158,6 +158,12 @@ class ServiceSettings(BaseSettings):
         "three defaults start in 8 s instead of 49 s); all = every one the batcher can emit; auto = all on the "
         "stablehlo runtime (XLA compiles each shape, ~1 s), first on the others (`bigs bench warm-up`)",
     )
+    warmup_long_lane: Literal["after-ready", "before-ready"] = Field(
+        "after-ready",
+        description="when the long lane's buckets (long_bucket_min_length and up) are warmed: after-ready = on the "
+        "long lane right after /ready answers 200, ahead of any long batch (a start ~0.9 s sooner a model; a long "
+        "request in those first seconds waits for it); before-ready = with the short buckets, before /ready",
+    )
     verify_hashes: bool = Field(True, description="check the sha256 of every export file at start-up")
     cache_dir: str = Field(
         "",

@@ -137,7 +137,7 @@ class ServiceState:
         """`done` for the engine's warm-up: a line per bucket. A bucket's weight is the tokens its shapes
         run, so the estimate of what is left grows with the long buckets still to come."""
         tokens: dict[int, int] = {}
-        for _, bucket, batch in engine.batcher.warm_shapes():
+        for _, bucket, batch in engine.warm_shapes_before_ready():
             tokens[bucket] = tokens.get(bucket, 0) + bucket * batch
         progress = Job(f"warm-up {name}", emit=log.info, started=self.started).stage(
             [tokens[b] for b in sorted(tokens)]

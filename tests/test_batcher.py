@@ -680,6 +680,44 @@ def test_warm_up_first_runs_batch_one_of_each_head_and_bucket_and_auto_all_only_
         assert sorted(batcher.warm_shapes()) == want and len(batcher.shapes()) == 8
 
 
+def test_the_long_lane_warms_its_own_buckets_on_its_thread_before_its_first_batch():
+    """`warmup_long_lane` after-ready: warm-up before ready runs the short lane's buckets only; once the lanes run,
+    the long lane's warm-up goes first on the long lane's thread, so a long input submitted right after it runs
+    after it, warm, and the short lane answers meanwhile."""
+    runtime = FakeRuntime(heads=("classification",), buckets=[16, 1024])
+    batcher = ModelBatcher(MODEL, runtime, settings(), ServiceMetrics())
+    batcher.warm_up(lanes=("short",))
+    assert [(c.bucket, c.ids) for c in runtime.calls] == [(16, [0])]
+    runtime.calls.clear()
+    warmed = []
+
+    async def scenario():
+        batcher.start()
+        runtime.hold(0)  # the long lane's warm-up (input id 0) is held inside the runtime
+        warming = batcher.warm_long_lane(lambda seconds, buckets: warmed.append(buckets))
+        assert warming is not None
+        await runtime.reached(0)
+        long_one, short_one = new_ids(2)
+        long_job, short_job = submit(batcher, long_one, length=1000), submit(batcher, short_one, length=10)
+        await answers([short_job])  # the short lane is not held by the long one's warm-up
+        assert not long_job.future.done()
+        runtime.release()
+        await answers([long_job])
+        await asyncio.wrap_future(warming)
+        await batcher.stop()
+        ids.extend([long_one, short_one])
+
+    ids: list[int] = []
+    run(scenario())
+    long_one, _ = ids
+    assert warmed == [[1024]]
+    on_long = [(c.bucket, c.ids) for c in runtime.calls if c.bucket == 1024]
+    assert on_long == [(1024, [0]), (1024, [long_one])]  # the warm-up first, then the input
+    assert {c.thread for c in runtime.calls if c.bucket == 1024} == {f"{MODEL}-long_0"}
+    only_short = ModelBatcher(MODEL, FakeRuntime(buckets=[16, 64]), settings(), ServiceMetrics())
+    assert only_short.warm_long_lane(lambda *_: None) is None  # and none where no bucket is long
+
+
 def test_warm_up_all_runs_every_shape_exactly_once():
     runtime = FakeRuntime(heads=("fill-mask", "classification"), buckets=[16, 1024])
     every = settings(max_batch_tokens=4096, max_batch_size=8, warmup_batches="all")

@@ -51,8 +51,9 @@ def server(request, exports, logs, tmp_path_factory):
     keep = os.environ.get("SERVICE_TEST_EXPORTS")
     heads = head_exports(Path(keep) if keep else tmp_path_factory.mktemp("head-models"))
     runtime = request.param
+    # every bucket warmed before ready: the walk's memory and /health figures are the requests' own
     s = Server({"cls": exports["cls"], "fill": exports["mlm"], **heads}, logs, f"every-route-{runtime}",
-               BIGS_RUNTIME=runtime)  # fmt: skip
+               BIGS_RUNTIME=runtime, BIGS_WARMUP_LONG_LANE="before-ready")  # fmt: skip
     s.wait_ready()
     s.runtime = runtime
     yield s
@@ -112,7 +113,7 @@ def test_long_documents_served_on_torch_before_the_export_leave_no_more_than_150
     at ~+420 MB of activations). Freed activations must go back to the system: glibc kept +180 to
     +290 MB of them resident after each such batch (service/runtimes/torch_eager.py)."""
     s = Server({"news": NEWS_CLASSIFIER}, logs, "torch-news", BIGS_RUNTIME="torch", BIGS_REQUEST_TIMEOUT_S="600",
-               BIGS_MAX_INPUTS_PER_REQUEST="8")  # fmt: skip
+               BIGS_MAX_INPUTS_PER_REQUEST="8", BIGS_WARMUP_LONG_LANE="before-ready")  # fmt: skip
     try:
         s.wait_ready()
         documents = [" ".join(f"word{(i * 7 + k) % 997}" for k in range(4200)) for i in range(8)]

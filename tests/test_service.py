@@ -664,7 +664,12 @@ def test_warm_up_does_not_pin_an_arena_per_session(start_server):
     from the service's own process_resident_memory_bytes, shows the difference (0.28 vs 0.76 GB here)."""
     resident = {}
     for shared in ("true", "false"):
-        s = start_server(("fill", "cls"), BIGS_ORT_SHARED_ARENA=shared, BIGS_WARMUP_BATCHES="all")
+        s = start_server(
+            ("fill", "cls"),
+            BIGS_ORT_SHARED_ARENA=shared,
+            BIGS_WARMUP_BATCHES="all",
+            BIGS_WARMUP_LONG_LANE="before-ready",
+        )  # every bucket warmed when memory is read
         with httpx.Client(base_url=s.url, timeout=60) as c:
             resident[shared] = metric(scrape(c), "process_resident_memory_bytes")
         s.stop()
@@ -703,11 +708,25 @@ def test_ready_only_after_warm_up(startup, client):
 def test_start_up_console_a_line_per_warmed_bucket_then_one_ready_line(startup):
     server, _ = startup
     lines = server.log(chars=10**7).splitlines()
-    for name in ("fill", "cls"):  # one line per bucket, not per shape; buckets 128, 512, 1024
-        warmed = [re.search(rf"warm-up {name}: bucket (\d+), \d+ shapes \((\d)/3\) done in", line) for line in lines]
-        assert [m.group(1, 2) for m in warmed if m] == [("128", "1"), ("512", "2"), ("1024", "3")], lines
     ready = [line for line in lines if "ready at " in line]
     assert len(ready) == 1, lines
+    for name in ("fill", "cls"):  # one line per bucket, not per shape: the short lane's 128 and 512 before ready
+        warmed = [re.search(rf"warm-up {name}: bucket (\d+), \d+ shapes \((\d)/2\) done in", line) for line in lines]
+        assert [m.group(1, 2) for m in warmed if m] == [("128", "1"), ("512", "2")], lines
+        last = max(i for i, m in enumerate(warmed) if m)
+        assert last < lines.index(ready[0]), lines
+    # the long lane's 1,024 after it, on that lane (`warmup_long_lane`), one line a model once it is done
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and server.log(chars=10**7).count("the long lane's buckets (1,024) warmed") < 2:
+        time.sleep(0.2)
+    lines = server.log(chars=10**7).splitlines()
+    for name in ("fill", "cls"):
+        after = [
+            i
+            for i, line in enumerate(lines)
+            if f"warm-up {name}: the long lane's buckets (1,024) warmed after ready" in line
+        ]
+        assert len(after) == 1 and after[0] > lines.index(ready[0]), lines
     # where, how soon, and per model its tasks and precision (fp32: these exports have no variants)
     served = re.escape("fill (fill-mask, embeddings; fp32), cls (classification, embeddings; fp32)")
     assert re.search(rf"ready at {re.escape(server.url)} in [\d.]+ s — {served}$", ready[0]), ready
@@ -722,7 +741,7 @@ def test_warm_up_runs_batch_one_per_task_and_bucket_by_default_and_every_shape_w
     every = start_server(("cls",), BIGS_WARMUP_BATCHES="all")
     assert re.search(r"loaded cls from .*: (\d+) shapes warmed", every.log(chars=10**7)).group(1) not in ("0", "6")
     every.stop()
-    s = start_server(("cls",), BIGS_MAX_WAIT_MS="200")
+    s = start_server(("cls",), BIGS_MAX_WAIT_MS="200", BIGS_WARMUP_LONG_LANE="before-ready")
     lines = s.log(chars=10**7).splitlines()
     warmed = [re.search(r"warm-up cls: bucket (\d+), (\d+) shapes", line) for line in lines]
     assert [m.group(1, 2) for m in warmed if m] == [("128", "2"), ("512", "2"), ("1024", "2")], lines

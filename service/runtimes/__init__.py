@@ -23,6 +23,9 @@ runtime is built from the export dir and its manifest, read once by the caller.
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
+import functools
 from pathlib import Path
 from typing import Protocol
 
@@ -131,16 +134,36 @@ class PerBucketRuntime:
     def run(self, head: str, bucket: int, inputs: dict[str, np.ndarray]) -> np.ndarray:
         return self.of_bucket[bucket].run(head, bucket, inputs)
 
-    def release_memory(self) -> None:
+    def release_memory(self, buckets: list[int] | None = None) -> None:
         """Each part's idle buffers given back, where it keeps them per model (OpenVINO's; `release_memory`)."""
-        for part in {id(part): part for part in self.of_bucket.values()}.values():
-            release_memory(part)
+        parts = self.of_bucket.values() if buckets is None else [self.of_bucket[b] for b in buckets]
+        for part in {id(part): part for part in parts}.values():
+            release_memory(part, buckets)
 
 
-def release_memory(runtime: Runtime) -> None:
+def release_memory(runtime: Runtime, buckets: list[int] | None = None) -> None:
     """After warm-up: a runtime that keeps per-model buffers sized by its largest run (OpenVINO's compiled
-    buckets) gives them back until requests need them; the others hold nothing of the kind (ORT's buffers come
-    from the process's one arena) and do nothing."""
+    buckets) gives them back until requests need them, those of `buckets` only when given (the buckets one lane
+    warmed, from its thread: the other lane may be running its own); the others hold nothing of the kind (ORT's
+    buffers come from the process's one arena) and do nothing."""
     release = getattr(runtime, "release_memory", None)
     if release is not None:
-        release()
+        release(buckets)
+    release_freed_memory()
+
+
+@functools.cache
+def _malloc_trim():
+    """glibc's `malloc_trim`, or None where the C library has none (musl, macOS: nothing to trim there)."""
+    name = ctypes.util.find_library("c")
+    library = ctypes.CDLL(name) if name else None
+    return getattr(library, "malloc_trim", None)
+
+
+def release_freed_memory() -> None:
+    """Give every malloc arena's free pages back to the system (glibc; elsewhere nothing). glibc keeps an arena per
+    thread that allocated, and returns a freed page only from the top of one: the torch runtime's activations
+    (service/runtimes/torch_eager.py), and a lane's warm-up on its own thread, stayed resident without it."""
+    trim = _malloc_trim()
+    if trim is not None:
+        trim(0)

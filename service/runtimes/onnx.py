@@ -74,7 +74,7 @@ class OnnxRuntime:
         (output,) = self.sessions[bucket].run([signature(head).output], feeds, options)
         return output
 
-    def release_memory(self) -> None:
+    def release_memory(self, buckets: list[int] | None = None) -> None:  # one arena: `buckets` change nothing
         """Give back the free regions of the process's one arena (`shared_arena`): after warm-up it holds the peak of
         the longest warm-up run until traffic needs it (87 MB for the five defaults served int8). ORT shrinks an
         arena only at the end of a run asked to, so this is one run of the shortest bucket. An arena per session

@@ -57,14 +57,15 @@ class OpenVinoRuntime:
             log.info("%s, %s on OpenVINO: buckets read from the compiled-model cache: %s; compiled and written to it: %s",
                      export_dir, precision, _listed(self.from_cache), _listed(compiled))  # fmt: skip
 
-    def release_memory(self) -> None:
-        """Give back every compiled bucket's intermediate buffers (OpenVINO's `release_memory`): a compiled bucket
+    def release_memory(self, buckets: list[int] | None = None) -> None:
+        """Give back the intermediate buffers of every compiled bucket, or of `buckets` (OpenVINO's `release_memory`,
+        per compiled model: the lane that ran those buckets calls it while the other may be running): a compiled bucket
         keeps them at the size of its largest run, per model, where ONNX Runtime's buffers come from the one arena
         of the process. Called after warm-up, which has run every bucket once: a model at int8-openvino at 4,096
         tokens holds 34 MB fewer of bigs-mini-news's 47 until a request of that length comes, whose first run then
         allocates them again (+12 ms once, VNNI EPYC)."""
-        for bucket in self.compiled.values():
-            bucket.compiled.release_memory()
+        for bucket in self.buckets if buckets is None else [b for b in buckets if b in self.compiled]:
+            self.compiled[bucket].compiled.release_memory()
 
     def weights_made_int8(self) -> set[str]:
         """The shared weights its buckets read as int8 (precision int8-openvino), no longer in fp32."""

@@ -18,9 +18,6 @@ least): what a request leaves behind is then the allocator's bookkeeping, not it
 
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
-import functools
 from pathlib import Path
 
 import numpy as np
@@ -31,6 +28,8 @@ from export.manifest import Manifest
 from export.modules import SentenceEmbedding
 from export.precisions import FP32
 
+from . import release_freed_memory
+
 AUTO_CLASS_OF_HEAD = {
     "fill-mask": "AutoModelForMaskedLM",
     "classification": "AutoModelForSequenceClassification",
@@ -38,21 +37,6 @@ AUTO_CLASS_OF_HEAD = {
     "token-classification": "AutoModelForTokenClassification",
     "embeddings": "AutoModel",  # the bare encoder: an embedding model, whose own head is the embeddings
 }
-
-
-@functools.cache
-def _malloc_trim():
-    """glibc's `malloc_trim`, or None where the C library has none (musl, macOS: nothing to trim there)."""
-    name = ctypes.util.find_library("c")
-    library = ctypes.CDLL(name) if name else None
-    return getattr(library, "malloc_trim", None)
-
-
-def release_freed_memory() -> None:
-    """Give every malloc arena's free pages back to the system (glibc; elsewhere nothing)."""
-    trim = _malloc_trim()
-    if trim is not None:
-        trim(0)
 
 
 class TorchRuntime:
