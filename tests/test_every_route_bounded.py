@@ -39,7 +39,10 @@ ANSWER_S = 10.0  # generous: the machine is shared; the slowest answer here take
 # torch eager, the reference, is several times slower than the exports: 64 inputs of 1,024 tokens took
 # 13-16 s on 2 cores shared with a training run
 ANSWER_S_ON = {"onnx": ANSWER_S, "torch": 3 * ANSWER_S}
-HEALTH_S = 0.5
+# What this catches is the loop held for seconds by work that grows with the request (above: 4-14 s); reading and
+# validating a 4 MB body, bounded by max_body_bytes, is done on the loop and held /health 0.56 s once on a CI
+# machine whose other test worker kept both cores busy
+HEALTH_S = 1.0
 RSS_GROWTH_MB = 150  # per request
 RSS_TOTAL_GROWTH_MB = 300  # over the whole walk
 
