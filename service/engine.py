@@ -85,8 +85,9 @@ POSTPROCESS_INLINE_WORK = 200_000
 # tokenized on the loop: ~1 ms of WordPiece on a slow core, less than what handing it to a worker thread and back
 # costs the loop and that thread together, and its inputs queue for the next batch either way. At 32 clients
 # sending ~125-token texts (2-core Xeon, VNNI) that CPU went to the graph: 12.1 vs 13.7 ms of server CPU a
-# request, 122 vs 108 requests/s (docs/BENCHMARKS.md, "Where a request's time goes"). With the lane idle the thread is kept: a request being
-# tokenized there is one the lane waits for (batcher.py), which is what forms batches of cheap requests.
+# request, 122 vs 108 requests/s (docs/BENCHMARKS.md, "Where a request's time goes"). With the lane idle the
+# thread is kept: a request being tokenized there is one the lane waits for (batcher.py), which is what forms
+# batches of cheap requests.
 TOKENIZE_INLINE_CHARS = 4_096
 
 T = TypeVar("T")
@@ -191,13 +192,16 @@ class ModelEngine:
         return self.batcher.warm_shapes(lanes=self._lanes_before_ready())
 
     def _lanes_before_ready(self) -> tuple[str, ...] | None:
-        return ("short",) if self.settings.warmup_long_lane == "after-ready" else None
+        return ("short",) if self._long_lane_after_ready() else None
+
+    def _long_lane_after_ready(self) -> bool:
+        return self.settings.warmup and self.settings.warmup_long_lane == "after-ready"
 
     def start(self) -> None:
         """On the event loop, once loaded: the lanes run; with `warmup_long_lane` after-ready, the long lane
         warms its buckets first, on its own thread, and says so in one line."""
         self.batcher.start()
-        if self.settings.warmup and self.settings.warmup_long_lane == "after-ready":
+        if self._long_lane_after_ready():
             warming = self.batcher.warm_long_lane(self._long_lane_warmed)
             if warming is not None:
                 warming.add_done_callback(self._long_lane_failed)

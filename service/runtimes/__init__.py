@@ -138,7 +138,7 @@ class PerBucketRuntime:
         """Each part's idle buffers given back, where it keeps them per model (OpenVINO's; `release_memory`)."""
         parts = self.of_bucket.values() if buckets is None else [self.of_bucket[b] for b in buckets]
         for part in {id(part): part for part in parts}.values():
-            release_memory(part, buckets)
+            _release_buffers(part, buckets)
 
 
 def release_memory(runtime: Runtime, buckets: list[int] | None = None) -> None:
@@ -146,10 +146,14 @@ def release_memory(runtime: Runtime, buckets: list[int] | None = None) -> None:
     buckets) gives them back until requests need them, those of `buckets` only when given (the buckets one lane
     warmed, from its thread: the other lane may be running its own); the others hold nothing of the kind (ORT's
     buffers come from the process's one arena) and do nothing."""
+    _release_buffers(runtime, buckets)
+    release_freed_memory()  # once, after every part's buffers
+
+
+def _release_buffers(runtime: Runtime, buckets: list[int] | None) -> None:
     release = getattr(runtime, "release_memory", None)
     if release is not None:
         release(buckets)
-    release_freed_memory()
 
 
 @functools.cache
