@@ -63,6 +63,9 @@ MASK_TOKEN_ID, CLS_TOKEN_ID, SEP_TOKEN_ID, PAD_TOKEN_ID = 103, 101, 102, 0
 
 Outputs = dict[str, np.ndarray]
 RunBatch = Callable[[int, dict[str, np.ndarray]], Outputs]  # (bucket, feeds) → {"logits", "embeddings"}
+# What a gate compares, of a graph's outputs. An embedding model's per-token hidden state (its graphs'
+# second output) is not fetched: at 16k positions a bucket it would be ~50 MB of each fp32 answer kept.
+GATED_OUTPUTS = ("logits", "embeddings")
 
 
 def gate_text() -> str:
@@ -217,9 +220,9 @@ def ort_sessions(
 def ort_runner(sessions) -> RunBatch:
     def run(bucket: int, feeds: dict[str, np.ndarray]) -> Outputs:
         session = sessions[bucket]
-        names = [o.name for o in session.get_outputs()]
+        names = [o.name for o in session.get_outputs() if o.name in GATED_OUTPUTS]
         wanted = {i.name for i in session.get_inputs()}
-        return dict(zip(names, session.run(None, {k: v for k, v in feeds.items() if k in wanted}), strict=True))
+        return dict(zip(names, session.run(names, {k: v for k, v in feeds.items() if k in wanted}), strict=True))
 
     return run
 
@@ -269,7 +272,12 @@ def variant_runner(
     from .openvino_runtime import load_variant
 
     compiled = load_variant(export_dir, manifest, precision, buckets)
-    return VariantRunner(spec.runtime, spec.graphs, lambda bucket, feeds: compiled[bucket].run(feeds))
+
+    def run(bucket: int, feeds: dict[str, np.ndarray]) -> Outputs:
+        bucket_graph = compiled[bucket]
+        return bucket_graph.run(feeds, [name for name in bucket_graph.output_names if name in GATED_OUTPUTS])
+
+    return VariantRunner(spec.runtime, spec.graphs, run)
 
 
 @dataclass(frozen=True)

@@ -12,6 +12,10 @@ A *head* is one output of the model that a request can ask for (the public API c
                     (input_ids, attention_mask, token_type_ids) → logits (B, L, num_labels)
     embeddings      (input_ids, attention_mask, token_type_ids) → embeddings (B, d)
                     the mean of the last hidden state over real tokens, before the pooler
+    token-embeddings
+                    (input_ids, attention_mask, token_type_ids) → token_embeddings (B, L, h)
+                    the last hidden state itself, one vector per position (TEI's /embed_all), before
+                    the pooling, the Dense and the normalisation; an embedding model's only
 
 Inputs are (B, L) integer arrays, right-padded to the bucket length L (mask_positions: (B, P)).
 Export builds its graphs with these names (export/modules.py, export/stablehlo.py), the runtimes
@@ -27,7 +31,9 @@ from typing import Literal
 
 import numpy as np
 
-Head = Literal["fill-mask", "classification", "question-answering", "token-classification", "embeddings"]
+Head = Literal[
+    "fill-mask", "classification", "question-answering", "token-classification", "embeddings", "token-embeddings"
+]
 
 SEQUENCE_INPUTS = ("input_ids", "attention_mask", "token_type_ids")
 MASK_POSITIONS = "mask_positions"
@@ -51,13 +57,16 @@ SIGNATURES: dict[str, HeadSignature] = {
     "question-answering": HeadSignature("question-answering", SEQUENCE_INPUTS, "logits"),
     "token-classification": HeadSignature("token-classification", SEQUENCE_INPUTS, "logits"),
     "embeddings": HeadSignature("embeddings", SEQUENCE_INPUTS, "embeddings"),
+    "token-embeddings": HeadSignature("token-embeddings", SEQUENCE_INPUTS, "token_embeddings"),
 }
 
 # Which heads each exportable architecture serves: its own head first, then embeddings (every
 # encoder has a last hidden state to pool). The bare encoder, BiGSModel, is an embedding model: its
-# own head is the embeddings, and it has no other.
+# own head is the embeddings, and beside them it gives the hidden state they pool, a vector per token.
+# Only there: a (B, L, h) output is B·L·h floats a batch, which a runtime that writes every output of
+# a graph (OpenVINO) would write on every fill-mask or classification batch for nothing.
 HEADS_OF_ARCHITECTURE: dict[str, list[Head]] = {
-    "BiGSModel": ["embeddings"],
+    "BiGSModel": ["embeddings", "token-embeddings"],
     "BiGSForMaskedLM": ["fill-mask", "embeddings"],
     "BiGSForSequenceClassification": ["classification", "embeddings"],
     "BiGSForQuestionAnswering": ["question-answering", "embeddings"],

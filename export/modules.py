@@ -294,7 +294,7 @@ class SentenceEmbedding(nn.Module):
 
 # One graph per bucket serves every head of the model (export/heads.py): its own head's output
 # first, then the embeddings, which come from the same last hidden state at no extra cost. The bare
-# encoder's own head is the embeddings: its graph has that one output.
+# encoder's own head is the embeddings: its graph gives them and the hidden state itself.
 
 
 class FillMaskExport(nn.Module):
@@ -366,11 +366,12 @@ class PerTokenExport(nn.Module):
 
 
 class EmbeddingsExport(nn.Module):
-    """(input_ids, attention_mask, token_type_ids) → embeddings (B, d): the bare encoder (BiGSModel), an
-    embedding model, whose one head is the embeddings."""
+    """(input_ids, attention_mask, token_type_ids) → (embeddings (B, d), token_embeddings (B, L, h)): the
+    bare encoder (BiGSModel), an embedding model, whose own head is the embeddings; the last hidden state
+    they pool is its second output (export/heads.py)."""
 
     input_names = SIGNATURES["embeddings"].inputs
-    output_names = (SIGNATURES["embeddings"].output,)
+    output_names = (SIGNATURES["embeddings"].output, SIGNATURES["token-embeddings"].output)
 
     def __init__(self, model: BiGSModel, embedding: SentenceEmbedding | None = None):
         super().__init__()
@@ -380,8 +381,8 @@ class EmbeddingsExport(nn.Module):
     def forward(self, input_ids, attention_mask, token_type_ids):
         X = self.model(
             input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids, return_dict=True
-        ).last_hidden_state  # (B, L, d); the pooler is not run (add_pooling_layer=False)
-        return self.embedding(X, attention_mask)
+        ).last_hidden_state  # (B, L, h); the pooler is not run (add_pooling_layer=False)
+        return self.embedding(X, attention_mask), X
 
 
 def export_wrapper(model: nn.Module, embedding: SentenceEmbedding | None = None) -> nn.Module:

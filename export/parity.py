@@ -30,7 +30,7 @@ from model.modeling_bigs import (
     BiGSModel,
 )
 
-from .heads import MASK_POSITIONS, SEQUENCE_INPUTS
+from .heads import MASK_POSITIONS, SEQUENCE_INPUTS, signature
 from .manifest import Manifest, Measured
 from .modules import SentenceEmbedding
 from .precisions import FP32_GRAPHS, INT8_GRAPHS
@@ -109,12 +109,13 @@ def reference_outputs(
 ) -> dict[str, np.ndarray]:
     """{"logits", "embeddings"} of the torch reference for one case (fill-mask logits at mask_positions);
     `embedding` the dir's embeddings head (`SentenceEmbedding.of_dir`: its Dense, if any). The bare
-    encoder (BiGSModel, an embedding model) has no logits: {"embeddings"} only."""
+    encoder (BiGSModel, an embedding model) has no logits: {"embeddings", "token_embeddings"}, the
+    latter its last hidden state at every position (padding's included: the graph's output is)."""
     embedding = embedding if embedding is not None else SentenceEmbedding()
     ids, mask, types = (torch.from_numpy(inputs[k]) for k in SEQUENCE_INPUTS)
     if isinstance(model, BiGSModel):
         hidden = model(ids, attention_mask=mask, token_type_ids=types, return_dict=True).last_hidden_state
-        return {"embeddings": embedding(hidden, mask).numpy()}
+        return {"embeddings": embedding(hidden, mask).numpy(), signature("token-embeddings").output: hidden.numpy()}
     # The embeddings read the encoder's last hidden state on the head's own pass: the float64-kernel
     # encoder is most of an export's reference time at long buckets, so it runs once per case, not twice.
     encoder_states: list[torch.Tensor] = []

@@ -17,7 +17,8 @@ closes over them instead: self-contained artifacts, each as large as the model.
 
 Heads: fill-mask → logits (b, p, vocab) at `mask_positions`; classification → logits
 (b, num_labels); embeddings → mean of the last hidden state over real tokens (b, d), before the
-pooler, as in the ONNX graphs, then the dir's 2_Dense when it has one (b, d_out). The Dense's
+pooler, as in the ONNX graphs, then the dir's 2_Dense when it has one (b, d_out); token-embeddings →
+that last hidden state itself (b, L, h). The Dense's
 kernel and bias are parameters like the others, read from 2_Dense/model.safetensors (the
 manifest's `file` of each leaf).
 """
@@ -130,6 +131,14 @@ def head_spec(
             return tree
 
         return apply, select, sig.inputs, (sig.output,)
+    if head == "token-embeddings":  # the hidden state the embeddings pool, at every position: no Dense
+        module = FlaxBiGSModule(config, add_pooling_layer=False)
+
+        def apply(tree, input_ids, attention_mask, token_type_ids):
+            X, _, _ = module.apply({"params": tree}, input_ids, attention_mask, token_type_ids)
+            return {sig.output: X}
+
+        return apply, without_pooler, sig.inputs, (sig.output,)
     raise ValueError(f"unknown head {head!r}")
 
 
@@ -234,7 +243,7 @@ def export_stablehlo(
     for head in heads_for(architecture):
         _, select, input_names, output_names = head_spec(config, head, dense)
         head_tree = select(full_tree)
-        root = ("s4_bert",) if head == "embeddings" else ()
+        root = ("s4_bert",) if head in ("embeddings", "token-embeddings") else ()
         entry = {
             "inputs": [
                 {"name": n, "dtype": "int32", "shape": ["b", "p" if n == MASK_POSITIONS else "L"]} for n in input_names

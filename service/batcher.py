@@ -114,10 +114,11 @@ class ModelBatcher:
         return batch_sizes(bucket, self.settings.max_batch_tokens, self.settings.max_batch_size)
 
     def shapes(self, runtime: Runtime | None = None) -> list[tuple[str, int, int]]:
-        """Every (head, bucket, batch) this batcher can emit (on `runtime`, default its own): what warm-up
-        must cover."""
+        """Every (head, bucket, batch) this batcher can emit (on `runtime`, default its own) that warm-up must
+        cover: of a runtime whose heads share one graph a bucket, the first head's stand for the others'."""
         runtime = runtime or self.runtime
-        return [(h, b, n) for h in runtime.heads for b in runtime.buckets for n in self.batch_sizes(b)]
+        heads = runtime.heads[:1] if runtime.heads_share_a_graph else runtime.heads
+        return [(h, b, n) for h in heads for b in runtime.buckets for n in self.batch_sizes(b)]
 
     # -- lifecycle ------------------------------------------------------------------------
 

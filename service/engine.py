@@ -99,9 +99,10 @@ ClientGone = Callable[[], Awaitable[None]]
 
 @dataclass
 class Answer:
-    """What an engine answers one request with: the content per input, and where the time went."""
+    """What an engine answers one request with: the content per input (or that list already written as
+    JSON, where writing it is work for a worker thread), and where the time went."""
 
-    content: list
+    content: list | bytes
     jobs: list[Job]
     windows: Windows | None = None  # the inputs were read in windows ("overflow": "chunk")
 
@@ -346,6 +347,37 @@ class ModelEngine:
         if params.normalize:
             vectors = l2_normalize(vectors)
         return Answer(vectors.tolist(), jobs, windows)
+
+    async def token_embeddings(
+        self, texts: list, truncate: bool, prompt_name: str | None, client_gone: ClientGone
+    ) -> Answer:
+        """Per text (or list of token ids), a vector per token (TEI's /embed_all): the last hidden state at
+        each of its tokens, [CLS] and [SEP] included, before the pooling, the Dense and the normalisation the
+        embeddings add; as JSON, written in a worker thread where it is large. Bounded beyond the model's
+        length: at most `max_token_embeddings` tokens a request (413), each some 9 KB of JSON at 768 wide."""
+        note_model(self.name)
+        deadline = self._deadline()
+        self._check_count(texts)
+        texts = self.prompts.apply(texts, prompt_name)
+        encoded = await self._encode(texts, truncate, deadline=deadline)
+        tokens, limit = sum(enc.length for enc in encoded), self.settings.max_token_embeddings
+        if tokens > limit:
+            raise ServiceError(
+                413, "too_many_tokens", f"{tokens:,} tokens in one request; /embed_all answers at most {limit:,} "
+                "(a vector each): send fewer or shorter texts"
+            )  # fmt: skip
+        with self._admit_tokens(encoded):
+            jobs = self._submit("token-embeddings", encoded, deadline)
+            outputs = await self._await(jobs, client_gone)
+        width = outputs[0].shape[-1]
+        content = await self._postprocess(
+            tokens * width,
+            lambda: pydantic_core.to_json(
+                [hidden[: enc.length].tolist() for enc, hidden in zip(encoded, outputs, strict=True)],
+                inf_nan_mode="null",
+            ),
+        )
+        return Answer(content, jobs)
 
     async def question_answering(
         self, items: list[tuple[str, str]], params: QuestionAnsweringParameters, client_gone: ClientGone

@@ -36,6 +36,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from export.heads import heads_for
 from export.integrity import require_intact, stale_reason
 from export.manifest import MANIFEST, Manifest, ManifestError, read_manifest
 from export.precisions import INT8
@@ -114,6 +115,8 @@ def current_export(target: Path, artifact: Path, runtime: str, verify_hashes: bo
         return None, str(error)
     if not manifest.parity.passed:
         return None, "its parity check failed"
+    if manifest.heads != heads_for(manifest.model.architecture):
+        return None, f"it serves {manifest.heads}, where this version exports {heads_for(manifest.model.architecture)}"
     stale = stale_reason(manifest, artifact)
     if stale:
         return None, stale

@@ -44,6 +44,7 @@ from .schemas import (
     QuestionAnswer,
     QuestionAnsweringRequest,
     TEIDecodeRequest,
+    TEIEmbedAllRequest,
     TEIEmbedRequest,
     TEIInfo,
     TEIPredictRequest,
@@ -440,6 +441,23 @@ async def tei_similarity(body: TEISimilarityRequest, request: Request):
         body.inputs.source_sentence, body.inputs.sentences, params, watch_disconnect(request)
     )
     return Answered(scores, headers=answer.headers(started))
+
+
+@tei.post(
+    "/embed_all",
+    summary="A vector per token (TEI)",
+    description="Per input, the last hidden state at each of its tokens ([CLS] and [SEP] included): what the "
+    "embeddings pool, before the pooling, the Dense and the normalisation. From the dedicated embedding model "
+    "(BiGSModel); 400 where none is served. Longer than the model is 413 unless `truncate`; at most "
+    "`max_token_embeddings` tokens a request (413 past them).",
+    response_model=list[list[list[float]]],
+)
+async def tei_embed_all(body: TEIEmbedAllRequest, request: Request):
+    started = time.perf_counter()
+    engine = service(request).engine_for(None, "token-embeddings")
+    items, _ = tei_items(body.inputs)
+    answer = await engine.token_embeddings(items, body.truncating, body.prompt_name, watch_disconnect(request))
+    return Written(answer.content, headers=answer.headers(started))
 
 
 @tei.post(

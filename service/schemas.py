@@ -457,8 +457,28 @@ class TEIEmbedRequest(_TEIOverflow):
     @field_validator("inputs")
     @classmethod
     def check_inputs(cls, value):
-        _check_texts([value] if isinstance(value, str) or _is_ids(value) else value)
-        return value
+        return _check_tei_inputs(value)
+
+
+class TEIEmbedAllRequest(_TEIBody):
+    """TEI's /embed_all: a vector per token. Longer than the model is 413 unless `truncate` (no windows:
+    a token's vector is its place in one pass)."""
+
+    model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [{"inputs": "the cat sat"}]})
+
+    inputs: TEIInputs
+    prompt_name: PromptName | None = Field(None, description=PROMPT_NAME_DESCRIPTION)
+
+    @field_validator("inputs")
+    @classmethod
+    def check_inputs(cls, value):
+        return _check_tei_inputs(value)
+
+
+def _check_tei_inputs(value):
+    """TEI's inputs (a text, a list of token ids, or a list of either): every text not blank."""
+    _check_texts([value] if isinstance(value, str) or _is_ids(value) else value)
+    return value
 
 
 def _is_ids(value) -> bool:

@@ -83,6 +83,11 @@ class ServiceSettings(BaseSettings):
     max_body_bytes: int = Field(4 * 1024 * 1024, ge=1, description="request body size; past that, 413")
     max_inputs_per_request: int = Field(64, ge=1, description="inputs in one request; past that, 422")
     max_masks_per_input: int = Field(32, ge=1, description="[MASK] tokens one fill-mask input may have (logits memory)")
+    max_token_embeddings: int = Field(
+        4096,
+        ge=1,
+        description="tokens one /embed_all request answers a vector for (some 9 KB of JSON each); past that, 413",
+    )
     classify_max_length: int = Field(
         512, ge=3, description="longest input of /v1/classify; longer goes to /v1/documents"
     )

@@ -54,6 +54,7 @@ class FakeRuntime:
     for fill-mask it is (P, 2): [first token id, mask position] at each of the row's P positions."""
 
     kind = "fake"
+    heads_share_a_graph = False  # a program per head, as StableHLO's: warm-up runs each
 
     def __init__(self, heads=("classification",), buckets=BUCKETS):
         self.heads, self.buckets = list(heads), list(buckets)
@@ -678,6 +679,17 @@ def test_warm_up_first_runs_batch_one_of_each_head_and_bucket_and_auto_all_only_
         want = sorted((h, 16, n) for h in runtime.heads for n in sizes)
         assert sorted((c.head, c.bucket, c.size) for c in runtime.calls) == want, (policy, kind)
         assert sorted(batcher.warm_shapes()) == want and len(batcher.shapes()) == 8
+
+
+def test_where_the_heads_share_one_graph_a_bucket_warm_up_runs_the_first_head_alone():
+    """ONNX Runtime's session and OpenVINO's compiled model answer every head of a bucket from one graph:
+    warming a second head would run the same graph at the same shape again."""
+    runtime = FakeRuntime(heads=("fill-mask", "embeddings"), buckets=[16, 1024])
+    runtime.heads_share_a_graph = True
+    batcher = ModelBatcher(MODEL, runtime, settings(max_batch_tokens=4096, max_batch_size=8), ServiceMetrics())
+    batcher.warm_up()
+    assert sorted((c.head, c.bucket, c.size) for c in runtime.calls) == [("fill-mask", 16, 1), ("fill-mask", 1024, 1)]
+    assert {head for head, _, _ in batcher.shapes()} == {"fill-mask"}
 
 
 def test_the_long_lane_warms_its_own_buckets_on_its_thread_before_its_first_batch():

@@ -1,17 +1,19 @@
 """An embedding model: the bare encoder (BiGSModel) as its own artifact, trained, exported, scored and served.
 
-Its one head is the embeddings (export/heads.py): mean over real tokens → the dir's 2_Dense →
-normalised by whoever serves it. Checked here, along the whole path:
+Its own head is the embeddings (export/heads.py): mean over real tokens → the dir's 2_Dense →
+normalised by whoever serves it; the hidden state they pool is its second (a vector per token). Checked here, along the whole path:
 
 - the dir training's writer writes (architectures ["BiGSModel"], weights `bigs.*` stored float16, a
   2_Dense) loads in transformers (AutoModel) and sentence-transformers with no missing or unexpected
   keys, and its model card tags it as the Hub tags sentence-transformers models;
-- its export (ONNX fp32 and int8, StableHLO) has that one head and one output, equal to the torch
-  reference and numpy's Dense; parity, the int8 gate (the embedding cosine alone), the latency record
-  and `--verify` all hold without logits;
+- its export (ONNX fp32 and int8, StableHLO) gives the embeddings and, beside them, the last hidden state
+  they pool (the token-embeddings head, TEI's /embed_all), equal to the torch reference and numpy's
+  Dense; parity, the int8 gate (the embedding cosine alone), the latency record and `--verify` all hold
+  without logits;
 - served, /v1/embeddings answers normalize(dense(mean_pool)); a fill-mask request naming it is 400
   unsupported_task; with an MLM served before it, requests naming no model (/v1/embed, /embed, /rerank;
-  OpenAI's /v1/embeddings always names one) go to it, the model made for the task;
+  OpenAI's /v1/embeddings always names one) go to it, the model made for the task; /embed_all answers
+  each text's hidden state at its own tokens, as the text alone gives it, bounded like every route;
 - `bigs eval` on its artifact and its export dir gives the embeddings' rows and no cloze rows.
 
 Models: a tiny encoder (hidden 64, 2 layers, the real BERT vocab, 128 positions, weights drawn wide,
@@ -195,7 +197,9 @@ def reference(export_dir, artifacts, inputs) -> np.ndarray:
 
 
 @pytest.mark.slow
-def test_its_export_has_one_head_embeddings_equal_to_the_torch_reference_and_numpy_dense(artifacts, exports):
+def test_its_export_gives_the_embeddings_and_the_hidden_state_they_pool_equal_to_the_torch_reference(
+    artifacts, exports
+):
     from export.build import summary
     from export.manifest import read_manifest
     from export.onnx_runtime import load_sessions
@@ -204,14 +208,14 @@ def test_its_export_has_one_head_embeddings_equal_to_the_torch_reference_and_num
 
     export_dir = exports["embedder"]
     manifest = read_manifest(export_dir)
-    assert manifest.model.architecture == "BiGSModel" and manifest.heads == ["embeddings"]
+    assert manifest.model.architecture == "BiGSModel" and manifest.heads == ["embeddings", "token-embeddings"]
     assert manifest.model.embedding_size == WIDTH
     assert manifest.parity.passed, manifest.parity.breaches
-    assert set(manifest.stablehlo.heads) == {"embeddings"}
+    assert set(manifest.stablehlo.heads) == {"embeddings", "token-embeddings"}
     for bucket in BUCKETS:
         graph = manifest.onnx.buckets[bucket]
-        assert [o.name for o in graph.outputs] == ["embeddings"]
-        assert set(graph.max_abs_diff) == {"embeddings"}
+        assert [o.name for o in graph.outputs] == ["embeddings", "token_embeddings"]
+        assert set(graph.max_abs_diff) == {"embeddings", "token_embeddings"}  # both held to parity's tolerance
         accuracy = graph.int8.accuracy  # int8 against the reference: embeddings only, no logits to agree on
         assert accuracy.max_abs_logits_diff is None and accuracy.top1_agreement is None
         assert accuracy.max_abs_embeddings_diff < 1.0
@@ -227,20 +231,29 @@ def test_its_export_has_one_head_embeddings_equal_to_the_torch_reference_and_num
 
     torch_runtime = TorchRuntime(export_dir, manifest)
     int8 = load_sessions(export_dir, variant="int8", manifest=manifest)
+    backbone = backbone_of(export_dir)
     for bucket, session in load_sessions(export_dir, manifest=manifest).items():
         inputs = parity_inputs(bucket)
         want = reference(export_dir, artifacts, inputs)
+        ids, mask, types = (torch.from_numpy(inputs[k]) for k in ("input_ids", "attention_mask", "token_type_ids"))
+        with torch.no_grad():
+            want_hidden = backbone(ids, attention_mask=mask, token_type_ids=types).last_hidden_state.numpy()
         names = [i.name for i in session.get_inputs()]
-        (got,) = session.run(None, {k: inputs[k] for k in names})
-        assert got.shape == (5, WIDTH)
+        got, hidden = session.run(None, {k: inputs[k] for k in names})
+        assert got.shape == (5, WIDTH) and hidden.shape == (5, bucket, TINY["hidden_size"])
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
-        (quantized,) = int8[bucket].run(None, {k: inputs[k] for k in names})
-        assert quantized.shape == (5, WIDTH)
-        run = load_stablehlo(export_dir, "embeddings", bucket, manifest=manifest)
-        np.testing.assert_allclose(
-            run(*(inputs[name] for name in run.input_names))["embeddings"], want, rtol=1e-5, atol=1e-5
-        )
-        np.testing.assert_allclose(torch_runtime.run("embeddings", bucket, inputs), want, rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(hidden, want_hidden, rtol=1e-5, atol=1e-5)
+        quantized, quantized_hidden = int8[bucket].run(None, {k: inputs[k] for k in names})
+        assert quantized.shape == (5, WIDTH) and quantized_hidden.shape == hidden.shape
+        for head, output, expected in (
+            ("embeddings", "embeddings", want),
+            ("token-embeddings", "token_embeddings", want_hidden),
+        ):
+            run = load_stablehlo(export_dir, head, bucket, manifest=manifest)
+            np.testing.assert_allclose(
+                run(*(inputs[name] for name in run.input_names))[output], expected, rtol=1e-5, atol=1e-5
+            )
+            np.testing.assert_allclose(torch_runtime.run(head, bucket, inputs), expected, rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.slow
@@ -289,7 +302,7 @@ def test_served_it_answers_normalize_dense_mean_pool_and_refuses_fill_mask(artif
     got = embeddings_of(client.post("/v1/embeddings", json={"model": "embedder", "input": TEXTS}))
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
     cards = {card["id"]: card for card in client.get("/v1/models").json()["data"]}
-    assert cards["embedder"]["tasks"] == ["embeddings"] and cards["embedder"]["dimensions"] == WIDTH
+    assert cards["embedder"]["tasks"] == ["embeddings", "token-embeddings"] and cards["embedder"]["dimensions"] == WIDTH
 
     refused = client.post("/v1/fill-mask", json={"model": "embedder", "inputs": "the cat sat on the [MASK]."})
     assert refused.status_code == 400 and refused.json()["error_type"] == "unsupported_task", refused.text
@@ -318,6 +331,113 @@ def test_requests_naming_no_model_go_to_the_embedding_model_before_an_mlm_served
         assert abs(scores[i] - float(text_vector @ want[0])) <= 1e-5
     # the default model of the TEI routes that name no task is still the first served
     assert client.get("/info").json()["model_id"] == "mlm"
+
+
+def hidden_states_alone(model_dir, texts) -> list[np.ndarray]:
+    """Each text's last hidden state at its own tokens ([CLS] … [SEP]), the text alone, unpadded: torch."""
+    from transformers import AutoTokenizer
+
+    tokenizer, backbone = AutoTokenizer.from_pretrained(str(model_dir)), backbone_of(model_dir)
+    states = []
+    for text in texts:
+        inputs = tokenizer(text, return_tensors="pt")
+        with torch.no_grad():
+            states.append(backbone(**inputs).last_hidden_state[0].numpy())
+    return states
+
+
+@pytest.mark.slow
+def test_embed_all_answers_each_texts_hidden_state_at_its_own_tokens_as_the_text_alone_gives_it(exports, client):
+    want = hidden_states_alone(exports["embedder"], TEXTS)
+    answer = client.post("/embed_all", json={"inputs": TEXTS})  # three lengths: padded together, in one batch
+    assert answer.status_code == 200, answer.text
+    got = answer.json()
+    assert [len(vectors) for vectors in got] == [len(states) for states in want]  # its tokens, no padding
+    for vectors, states in zip(got, want, strict=True):
+        np.testing.assert_allclose(np.array(vectors), states, rtol=1e-4, atol=1e-4)
+    alone = client.post("/embed_all", json={"inputs": TEXTS[1]})  # one text: a list of one, as TEI answers
+    assert alone.status_code == 200, alone.text
+    np.testing.assert_allclose(np.array(alone.json()[0]), want[1], rtol=1e-4, atol=1e-4)
+    # the pooled embedding is the mean of these vectors, then the Dense: the two routes agree
+    kernel, bias = exports_dense(exports)
+    pooled = want[0].mean(axis=0).astype(np.float64) @ kernel + bias
+    embed = client.post("/embed", json={"inputs": TEXTS[0]}).json()[0]
+    np.testing.assert_allclose(np.array(embed), pooled / np.linalg.norm(pooled), rtol=1e-4, atol=1e-4)
+
+
+def exports_dense(exports) -> tuple[np.ndarray, np.ndarray]:
+    """The embedder export's Dense as (kernel (in, out), bias), read back from its 2_Dense."""
+    from model.hub import read_dense
+
+    dense = read_dense(exports["embedder"])
+    return dense.weight.T.astype(np.float64), dense.bias.astype(np.float64)
+
+
+@pytest.mark.slow
+def test_inference_client_feature_extraction_against_tei_embed_all(exports, logs):
+    """The stock client TEI users have: `feature_extraction` posts {"inputs"} to its base URL and reads back
+    an array, here (1, tokens, hidden) from a real `bigs serve`."""
+    huggingface_hub = pytest.importorskip("huggingface_hub")
+    from service_fixtures import Server
+
+    server = Server({"embedder": exports["embedder"]}, logs, "embed-all", BIGS_PRECISION="fp32")
+    try:
+        server.wait_ready()
+        client = huggingface_hub.InferenceClient(base_url=f"{server.url}/embed_all")
+        want = hidden_states_alone(exports["embedder"], TEXTS[:1])[0]
+        got = client.feature_extraction(TEXTS[0])
+        assert got.shape == (1, *want.shape)
+        np.testing.assert_allclose(got[0], want, rtol=1e-4, atol=1e-4)
+    finally:
+        server.stop()
+
+
+@pytest.mark.slow
+def test_embed_all_is_413_past_the_model_unless_truncate_and_past_max_token_embeddings_in_one_request(client):
+    long = " ".join(["word"] * 300)  # 302 tokens, the model reads 128
+    refused = client.post("/embed_all", json={"inputs": long})
+    assert refused.status_code == 413 and refused.json()["error_type"] == "too_long", refused.text
+    cut = client.post("/embed_all", json={"inputs": long, "truncate": True})
+    assert cut.status_code == 200 and len(cut.json()[0]) == 128, cut.text
+    many = client.post("/embed_all", json={"inputs": [long] * 33, "truncate": True})  # 4,224 tokens > 4,096
+    assert many.status_code == 413 and many.json()["error_type"] == "too_many_tokens", many.text
+    assert "4,096" in many.json()["error"]
+    assert client.post("/embed_all", json={"inputs": "   "}).status_code == 422
+    assert (
+        client.post("/embed_all", json={"inputs": TEXTS, "normalize": True}).status_code == 422
+    )  # not TEI's field here
+    assert client.get("/health").status_code == 200
+
+
+@pytest.mark.slow
+def test_embed_all_with_no_embedding_model_served_is_400_and_an_export_without_the_head_is_made_again(
+    artifacts, exports, tmp_path
+):
+    import shutil
+
+    from fastapi.testclient import TestClient
+
+    from export.manifest import MANIFEST
+    from service.app import create_app
+    from service.preparation import why_not_current
+    from service.settings import ServiceSettings
+
+    with TestClient(create_app(ServiceSettings(models=[f"mlm={exports['mlm']}"], warmup=False, precision="fp32"))) as c:
+        deadline = time.perf_counter() + 300
+        while c.get("/ready").status_code != 200:
+            assert time.perf_counter() < deadline, c.get("/ready").text
+            time.sleep(0.1)
+        refused = c.post("/embed_all", json={"inputs": "the cat sat"})
+        assert refused.status_code == 400 and refused.json()["error_type"] == "unsupported_task", refused.text
+
+    # an embedding model's export written before its graphs gave the hidden state: not current, exported again
+    earlier = tmp_path / "earlier"
+    shutil.copytree(exports["embedder"], earlier)
+    manifest = json.loads((earlier / MANIFEST).read_text())
+    manifest["heads"] = ["embeddings"]
+    (earlier / MANIFEST).write_text(json.dumps(manifest))
+    assert why_not_current(exports["embedder"], artifacts["embedder"], "onnx", verify_hashes=False) is None
+    assert "token-embeddings" in why_not_current(earlier, artifacts["embedder"], "onnx", verify_hashes=False)
 
 
 # -- bigs eval ------------------------------------------------------------------------------------

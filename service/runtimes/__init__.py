@@ -17,8 +17,9 @@ model's weights are in memory once: `load_runtime` reads them and hands the same
             against (needs the `torch` extra).
 
 Heads and their signatures are export/heads.py's: "fill-mask" (logits at `mask_positions`),
-"classification" (logits), "embeddings" (mean of the last hidden state over real tokens). Each
-runtime is built from the export dir and its manifest, read once by the caller.
+"classification" (logits), "embeddings" (mean of the last hidden state over real tokens),
+"token-embeddings" (that hidden state itself). Each runtime is built from the export dir and its
+manifest, read once by the caller.
 """
 
 from __future__ import annotations
@@ -43,10 +44,15 @@ class Runtime(Protocol):
     precisions: dict[int, str]  # per bucket: one of export/precisions.py's names
     heads: list[str]
     buckets: list[int]
+    # Every head of a bucket is an output of one graph the runtime has prepared once (ONNX Runtime's
+    # session, OpenVINO's compiled model): warming one head warms them all. Not so where each head is a
+    # program of its own (StableHLO's artifacts, compiled per shape) or a code path (torch).
+    heads_share_a_graph: bool
 
     def run(self, head: str, bucket: int, inputs: dict[str, np.ndarray]) -> np.ndarray:
         """inputs: input_ids, attention_mask, token_type_ids (B, bucket) int64, and for fill-mask
-        mask_positions (B, P) int64. Returns (B, P, vocab) | (B, num_labels) | (B, d) float32."""
+        mask_positions (B, P) int64. Returns (B, P, vocab) | (B, num_labels) | (B, d) | (B, bucket, h)
+        float32."""
         ...
 
 
@@ -127,6 +133,7 @@ class PerBucketRuntime:
         self.of_bucket: dict[int, Runtime] = {b: part for part in parts for b in part.buckets}
         self.kind = "+".join(part.kind for part in parts)  # e.g. "openvino+onnx"
         self.heads = list(parts[0].heads)
+        self.heads_share_a_graph = all(part.heads_share_a_graph for part in parts)
         self.buckets = sorted(self.of_bucket)
         self.precisions = {b: self.of_bucket[b].precisions[b] for b in self.buckets}
         self.precision = summary_precision(self.precisions)

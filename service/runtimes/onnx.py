@@ -27,6 +27,7 @@ def available_providers() -> list[str]:
 
 class OnnxRuntime:
     kind = "onnx"
+    heads_share_a_graph = True
 
     def __init__(
         self,

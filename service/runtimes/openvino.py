@@ -26,6 +26,7 @@ log = logging.getLogger("bigs")
 
 class OpenVinoRuntime:
     kind = "openvino"
+    heads_share_a_graph = True
 
     def __init__(
         self,

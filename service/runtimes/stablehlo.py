@@ -21,6 +21,7 @@ MASK_WIDTH_STEP = 8
 
 class StableHLORuntime:
     kind = "stablehlo"
+    heads_share_a_graph = False
     precision = FP32
 
     def __init__(self, export_dir: str | Path, manifest: Manifest):

@@ -41,6 +41,7 @@ AUTO_CLASS_OF_HEAD = {
 
 class TorchRuntime:
     kind = "torch"
+    heads_share_a_graph = False
     precision = FP32
 
     def __init__(
@@ -92,4 +93,6 @@ class TorchRuntime:
             spans = self.model(**feeds)
             return torch.stack([spans.start_logits, spans.end_logits], dim=-1)
         hidden = self.model.base_model(**feeds).last_hidden_state  # a head's `bigs`, or the bare encoder
+        if head == "token-embeddings":
+            return hidden
         return self.embedding(hidden, feeds["attention_mask"])
