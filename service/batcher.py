@@ -113,12 +113,17 @@ class ModelBatcher:
     def batch_sizes(self, bucket: int) -> list[int]:
         return batch_sizes(bucket, self.settings.max_batch_tokens, self.settings.max_batch_size)
 
-    def shapes(self, runtime: Runtime | None = None) -> list[tuple[str, int, int]]:
-        """Every (head, bucket, batch) this batcher can emit (on `runtime`, default its own) that warm-up must
-        cover: of a runtime whose heads share one graph a bucket, the first head's stand for the others'."""
+    def emitted_shapes(self, runtime: Runtime | None = None) -> list[tuple[str, int, int]]:
+        """Every (head, bucket, batch) this batcher can emit (on `runtime`, default its own)."""
         runtime = runtime or self.runtime
-        heads = runtime.heads[:1] if runtime.heads_share_a_graph else runtime.heads
-        return [(h, b, n) for h in heads for b in runtime.buckets for n in self.batch_sizes(b)]
+        return [(h, b, n) for h in runtime.heads for b in runtime.buckets for n in self.batch_sizes(b)]
+
+    def shapes(self, runtime: Runtime | None = None) -> list[tuple[str, int, int]]:
+        """The emitted shapes warm-up must cover: of a runtime whose heads share one graph a bucket, the first
+        head's stand for the others'."""
+        runtime = runtime or self.runtime
+        first = runtime.heads[0]
+        return [s for s in self.emitted_shapes(runtime) if s[0] == first or not runtime.heads_share_a_graph]
 
     # -- lifecycle ------------------------------------------------------------------------
 

@@ -268,7 +268,7 @@ def test_emitted_batches_are_powers_of_two_within_the_warmed_up_shapes():
         lengths = [5, 16, 30, 64, 100, 256, 600, 1024]
         metrics = ServiceMetrics()
         async with serving(runtime, metrics, max_batch_tokens=1000, max_batch_size=6, max_wait_ms=20) as batcher:
-            shapes = set(batcher.shapes())
+            shapes = set(batcher.emitted_shapes())
             plans = [
                 (rng.random() * 0.3, rng.random() * 0.01, rng.choice(runtime.heads), rng.randint(1, 6))
                 for _ in range(60)
@@ -690,6 +690,7 @@ def test_where_the_heads_share_one_graph_a_bucket_warm_up_runs_the_first_head_al
     batcher.warm_up()
     assert sorted((c.head, c.bucket, c.size) for c in runtime.calls) == [("fill-mask", 16, 1), ("fill-mask", 1024, 1)]
     assert {head for head, _, _ in batcher.shapes()} == {"fill-mask"}
+    assert {head for head, _, _ in batcher.emitted_shapes()} == {"fill-mask", "embeddings"}
 
 
 def test_the_long_lane_warms_its_own_buckets_on_its_thread_before_its_first_batch():
