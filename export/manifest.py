@@ -8,7 +8,8 @@ the object down. What it records:
     model           name, architecture and sizes, and the width of the embeddings it serves; where its
                     positions past those it learned are tiled (`positions_tiled_from`)
     heads           what the dir serves (export/heads.py): its own head, then "embeddings" ("fill-mask",
-                    "embeddings" for an MLM), or ["embeddings"] alone for an embedding model (BiGSModel)
+                    "embeddings" for an MLM), or "embeddings", "token-embeddings" for an embedding model
+                    (BiGSModel)
     labels          id → label of a classifier
     tokenizer       the tokenizer files in the dir and where they came from
     buckets         the sequence lengths with a graph each
