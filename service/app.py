@@ -62,6 +62,7 @@ def create_app(
             if state.ready:  # the user's first sign that requests are answered now: where, what, how soon
                 for line in state.ready_lines():
                     log.info(line)
+                state.after_ready()
         except Exception as error:
             state.load_error = error.public if isinstance(error, LoadFailed) else "model loading failed"
             line = str(error) if isinstance(error, LoadFailed) else f"model loading failed: {one_line(error)}"

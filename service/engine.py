@@ -183,7 +183,7 @@ class ModelEngine:
 
     def warm_up(self, done: Callable[[int, int], object] | None = None) -> int:
         """Run the batcher's warm-up shapes before the service is ready (blocking): every lane's, or the short
-        lane's only where the long lane warms its own after (`warmup_long_lane`, `start`); the number of shapes.
+        lane's only where the long lane warms its own after (`warmup_long_lane`, `warm_long_lane`); the number of shapes.
         `done(bucket, shapes)` after each bucket (the start-up's progress lines)."""
         self.batcher.warm_up(done, lanes=self._lanes_before_ready())
         return len(self.warm_shapes_before_ready())
@@ -199,9 +199,12 @@ class ModelEngine:
         return self.settings.warmup and self.settings.warmup_long_lane == "after-ready"
 
     def start(self) -> None:
-        """On the event loop, once loaded: the lanes run; with `warmup_long_lane` after-ready, the long lane
-        warms its buckets first, on its own thread, and says so in one line."""
+        """On the event loop, once loaded: the lanes run."""
         self.batcher.start()
+
+    def warm_long_lane(self) -> None:
+        """Once the service has said it is ready (`ServiceState.after_ready`), with `warmup_long_lane` after-ready:
+        the long lane warms its buckets first, on its own thread, and says so in one line."""
         if self._long_lane_after_ready():
             warming = self.batcher.warm_long_lane(self._long_lane_warmed)
             if warming is not None:

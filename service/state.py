@@ -187,6 +187,12 @@ class ServiceState:
             self.exports = BackgroundExports(self.pending_exports, self.settings.runtime, self.settings.verify_hashes)
             self.exports.start()
 
+    def after_ready(self) -> None:
+        """Once the ready lines are written (in the same turn of the event loop as `start`: no request comes
+        between): each model's long lane warms its buckets (`warmup_long_lane`), so its line follows them."""
+        for engine in self.models.values():
+            engine.warm_long_lane()
+
     def begin_drain(self) -> None:
         """On SIGTERM, before the server waits for its connections: /ready and new requests get 503;
         requests already admitted go on. After `drain_timeout_s`, `expire_drain`."""
