@@ -298,6 +298,10 @@ for card in cards:
 
 out = post("/embed", {"inputs": "first text."}, "TEI")
 check(isinstance(out, list) and len(out) == 1 and all(isinstance(x, float) for x in out[0]), "TEI /embed: [[…]]")
+if any("token-embeddings" in card.get("tasks", []) for card in cards):  # an embedding model is baked in
+    out = post("/embed_all", {"inputs": "first text."}, "TEI, a vector per token")
+    check(isinstance(out, list) and len(out) == 1 and len(out[0]) == 5 and len({len(v) for v in out[0]}) == 1,
+          "TEI /embed_all: [[a vector for each of [CLS] first text . [SEP]]]")
 status, _, raw = call("POST", "/tokenize", {"inputs": "first text."})
 out = json.loads(raw) if status == 200 else [[{}]]
 check(out[0][0].get("special") and [t["text"] for t in out[0][1:-1]] == ["first", "text", "."], "TEI /tokenize")
