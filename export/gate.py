@@ -68,6 +68,11 @@ RunBatch = Callable[[int, dict[str, np.ndarray]], Outputs]  # (bucket, feeds) â†
 GATED_OUTPUTS = ("logits", "embeddings")
 
 
+def gated(output_names) -> list[str]:
+    """Of a graph's output names, those a gate compares (`GATED_OUTPUTS`), in the graph's order."""
+    return [name for name in output_names if name in GATED_OUTPUTS]
+
+
 def gate_text() -> str:
     return resources.files("export").joinpath("assets", GATE_TEXT).read_text(encoding="utf-8")
 
@@ -220,7 +225,7 @@ def ort_sessions(
 def ort_runner(sessions) -> RunBatch:
     def run(bucket: int, feeds: dict[str, np.ndarray]) -> Outputs:
         session = sessions[bucket]
-        names = [o.name for o in session.get_outputs() if o.name in GATED_OUTPUTS]
+        names = gated(o.name for o in session.get_outputs())
         wanted = {i.name for i in session.get_inputs()}
         return dict(zip(names, session.run(names, {k: v for k, v in feeds.items() if k in wanted}), strict=True))
 
@@ -275,7 +280,7 @@ def variant_runner(
 
     def run(bucket: int, feeds: dict[str, np.ndarray]) -> Outputs:
         bucket_graph = compiled[bucket]
-        return bucket_graph.run(feeds, [name for name in bucket_graph.output_names if name in GATED_OUTPUTS])
+        return bucket_graph.run(feeds, gated(bucket_graph.output_names))
 
     return VariantRunner(spec.runtime, spec.graphs, run)
 

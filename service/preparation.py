@@ -115,8 +115,9 @@ def current_export(target: Path, artifact: Path, runtime: str, verify_hashes: bo
         return None, str(error)
     if not manifest.parity.passed:
         return None, "its parity check failed"
-    if manifest.heads != heads_for(manifest.model.architecture):
-        return None, f"it serves {manifest.heads}, where this version exports {heads_for(manifest.model.architecture)}"
+    exported_heads = heads_for(manifest.model.architecture)
+    if manifest.heads != exported_heads:
+        return None, f"it serves {manifest.heads}, where this version exports {exported_heads}"
     stale = stale_reason(manifest, artifact)
     if stale:
         return None, stale
