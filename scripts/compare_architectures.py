@@ -6,7 +6,7 @@ data, served by the same runtime.
     python scripts/compare_architectures.py [--out runs/compare] [--rows gated-ssm,stack-alibi-clap]
         [--buckets 128,512,4096] [--reps 5] [--set KEY=VALUE …] [--pretrain-set KEY=VALUE …]
         [--lengths 128,512,1024,2048,4096] [--length-test-tokens 65536] [--long-length 4096] [--long-latency]
-        [--no-long-extension] [--report docs/COMPARISON.md]
+        [--no-long-extension] [--report docs/COMPARISON.md] [--length-test-only]
 
 Per row, each stage through the `bigs` command line, as a user would run it (stages meet only
 through their dirs, docs/DESIGN.md §1.1):
@@ -29,7 +29,8 @@ held-out masked tokens at each of `--lengths` (128 and 512, the lengths it was t
 length (its first `--length-test-tokens` tokens, the same text at every length), masked as training masks
 with the held-out seed, run by the training module's Flax model (`bigs eval`'s ArtifactModel). The
 absolute-position rows read past 512 through the extension's tiled position table, ALiBi through its
-distance biases. Then (unless `--no-long-extension`) the same model trains briefly at 4,096 tokens
+distance biases. A length past the extension's 4,096 positions (8,192, 16,384) is read as `bigs eval --lengths`
+reads it: the learned table tiled further (model/positions.py), still no training. Then (unless `--no-long-extension`) the same model trains briefly at 4,096 tokens
 (`bigs train extend --config training/recipes/compare-extend-long.toml`, 65,536 tokens) and is scored at 4,096
 again: what a little training at the length adds. A row tied to N is not length-flexible; the table says instead what reading
 `--long-length` tokens would cost it: its encoder's parameters at N = `--long-length` (counted on a model
@@ -47,6 +48,10 @@ its dir to redo it; the length test's scores are OUT/<row>/length-test.json): ru
 command only re-reads the cards and the scores and re-measures the latency, e.g. on a quieter machine. `--set` overrides go to every stage, `--pretrain-set` to
 pretraining and extension (the unlabelled corpus; model sizes), e.g. a smoke run: `--set num_steps=3
 --pretrain-set 'data.sources=["kjv"]'`. The table lists what was overridden.
+
+`--length-test-only`: the length test alone, for lengths a full run did not score: stages 1-2 of the
+length-flexible rows, their length test and short extension; no classifier, export or latency (a fixed-N row
+is skipped). Writes OUT/length-test.json, OUT/LENGTH-TEST.md (the length section) and OUT/length_curve.png.
 """
 
 from __future__ import annotations
@@ -234,7 +239,9 @@ def length_test(
     asked = lambda scores: {n: v for n, v in scores.items() if n in lengths}
     if all(length in accuracy for length in lengths):
         return asked(accuracy), asked(counted)
-    model = ArtifactModel(extended)
+    # Past the extension's positions the table is tiled as `bigs eval --lengths` tiles it (no training); a
+    # shorter length reads the same weights as before, since tiling leaves the learned rows as they are.
+    model = ArtifactModel(extended, positions=max(lengths))
     for length in lengths:
         if length in accuracy:
             continue
@@ -251,6 +258,57 @@ def length_test(
     record = {"length_test_tokens": tokens, "accuracy": ordered(accuracy), "masked_tokens": ordered(counted)}
     scores.write_text(json.dumps(record, indent=2) + "\n")
     return asked(accuracy), asked(counted)
+
+
+def score_lengths(result: RowResult, extended: Path, lengths: list[int], args) -> None:
+    """A flexible row's length test into `result`, then (unless --no-long-extension) the same test at the long
+    length after a short extension there: what a little training at that length adds to (or shows missing
+    from) what the row carried over from 512."""
+    corpus, work = args.out / "data" / "corpus", args.out / "length-test"
+    if lengths:
+        result.length_accuracy, result.length_masked_tokens = length_test(
+            extended, corpus, lengths, args.length_test_tokens, work, args.out / result.row / "length-test.json"
+        )
+    if args.long_extension:
+        long = long_extension_length()
+        pretrain = [f"data.data_dir={corpus}", *args.set, *args.pretrain_set]
+        longer = train(
+            "extend", LONG_EXTENSION_RECIPE, args.out / result.row / f"extend-{long}",
+            [f"init_from={extended}", *pretrain],
+        )  # fmt: skip
+        result.extended_long_accuracy, result.extended_long_masked_tokens = length_test(
+            longer, corpus, [long], args.length_test_tokens, work, args.out / result.row / f"length-test-{long}.json"
+        )
+
+
+def length_test_only(rows: list[str], lengths: list[int], args, environment: dict) -> int:
+    """--length-test-only: stages 1-2 of each length-flexible row and its length test, nothing else."""
+    corpus = args.out / "data" / "corpus"
+    pretrain = [f"data.data_dir={corpus}", *args.set, *args.pretrain_set]
+    results = []
+    for row in rows:
+        mlm = train("mlm", f"compare-{row}.toml", args.out / row / "mlm", pretrain)
+        if config_of(mlm).fixed_length is not None:
+            print(f"length test: {row} is tied to N = {config_of(mlm).fixed_length} positions; skipped", flush=True)
+            continue
+        extended = train("extend", "compare-extend.toml", args.out / row / "extend", [f"init_from={mlm}", *pretrain])
+        result = RowResult(row=row)
+        score_lengths(result, extended, lengths, args)
+        results.append(result)
+    record = {
+        "rows": [asdict(r) for r in results],
+        "lengths": lengths,
+        "length_test_tokens": args.length_test_tokens,
+        "overrides": {"all": args.set, "pretraining": args.pretrain_set},
+        "environment": environment,
+    }
+    (args.out / "length-test.json").write_text(json.dumps(record, indent=2) + "\n")
+    text = "\n".join(length_section(results, args))
+    (args.out / "LENGTH-TEST.md").write_text(text)
+    if results:
+        plot_length_curve(results, args.out / "length_curve.png")
+    print(text)
+    return 0
 
 
 def recipe_model(row: str, overrides: list[str]) -> dict:
@@ -416,6 +474,13 @@ def length_section(results: list[RowResult], args) -> list[str]:
             f" The last column: the same model after {tokens:,} tokens of training at that length "
             f"(`{LONG_EXTENSION_RECIPE}`; not counted in the table's tokens seen), scored on the same text."
         )
+    positions = tomllib.loads((RECIPES / "compare-extend.toml").read_text())["model"]["max_position_embeddings"]
+    tiled = (
+        f" Past the extension's {positions:,} positions the learned table is tiled further, as `bigs eval "
+        "--lengths` tiles it (model/positions.py); ALiBi rows have no table."
+        if lengths[-1] > positions
+        else ""
+    )
     return [
         "## The length test",
         "",
@@ -425,6 +490,7 @@ def length_section(results: list[RowResult], args) -> list[str]:
         f"length (its first {args.length_test_tokens:,} tokens; "
         + ", ".join(f"{counted[n]:,} masked tokens at {n:,}" for n in lengths)
         + ")."
+        + tiled
         + extension
         + " Plot: `length_curve.png`.",
         "",
@@ -724,6 +790,11 @@ def main(argv: list[str] | None = None) -> int:
         default=True,
         help=f"train each length-flexible row briefly at the long length ({LONG_EXTENSION_RECIPE}) and score it there",
     )
+    parser.add_argument(
+        "--length-test-only",
+        action="store_true",
+        help="stages 1-2 of the flexible rows and the length test alone: no classifier, export or latency",
+    )
     args = parser.parse_args(argv)
     rows = [r.strip() for r in args.rows.split(",") if r.strip()]
     unknown = [r for r in rows if r not in ROWS]
@@ -732,6 +803,8 @@ def main(argv: list[str] | None = None) -> int:
     lengths = parse_lengths(args.lengths)
     args.out.mkdir(parents=True, exist_ok=True)
     environment = {"cpu": cpu_description(), "cores": os.cpu_count(), "python": platform.python_version()}
+    if args.length_test_only:
+        return length_test_only(rows, lengths, args, environment)
     started = time.time()
     results, exports, extended = [], {}, {}
     for row in rows:
@@ -755,34 +828,9 @@ def main(argv: list[str] | None = None) -> int:
         result.latency_ms = latency[result.row]
         if f"{result.row}@{args.long_length}" in latency:
             result.long_latency_ms = latency[f"{result.row}@{args.long_length}"].get(args.long_length)
-    corpus, work = args.out / "data" / "corpus", args.out / "length-test"
     for result in results:
-        if extended[result.row] is not None and lengths:
-            result.length_accuracy, result.length_masked_tokens = length_test(
-                extended[result.row],
-                corpus,
-                lengths,
-                args.length_test_tokens,
-                work,
-                args.out / result.row / "length-test.json",
-            )
-        if extended[result.row] is not None and args.long_extension:
-            # The same test at the long length after a short extension there: what a little training at that
-            # length adds to (or shows missing from) what the row carried over from 512.
-            long = long_extension_length()
-            pretrain = [f"data.data_dir={corpus}", *args.set, *args.pretrain_set]
-            longer = train(
-                "extend", LONG_EXTENSION_RECIPE, args.out / result.row / f"extend-{long}",
-                [f"init_from={extended[result.row]}", *pretrain],
-            )  # fmt: skip
-            result.extended_long_accuracy, result.extended_long_masked_tokens = length_test(
-                longer,
-                corpus,
-                [long],
-                args.length_test_tokens,
-                work,
-                args.out / result.row / f"length-test-{long}.json",
-            )
+        if extended[result.row] is not None:
+            score_lengths(result, extended[result.row], lengths, args)
     report = {
         "rows": [asdict(r) for r in results],
         "buckets": args.buckets,

@@ -84,21 +84,28 @@ def test_the_length_tests_saved_scores_are_read_back_not_scored_again(compare, t
         compare.length_test(missing, tmp_path, [128, 512], 4096, tmp_path, scores)
 
 
-def test_a_length_test_over_fewer_lengths_keeps_the_other_lengths_scores(compare, tmp_path, tiny_model):
+def test_a_length_test_reads_past_the_positions_as_bigs_eval_does_and_keeps_the_other_lengths_scores(
+    compare, tmp_path, tiny_model
+):
+    """Past the model's positions (64 here; 4,096 for the comparison's rows) the table is tiled as `bigs eval
+    --lengths` tiles it: the same score as `bigs eval` gives; the file keeps the lengths earlier runs scored."""
+    from model.tokenizer import bert_uncased_tokenizer
+    from training.data import build_corpus
+    from training.evaluation import evaluate_lengths
+
     artifact = tmp_path / "artifact"
-    tiny_model(max_position_embeddings=64).save_pretrained(artifact)
+    tiny_model(vocab_size=30522, max_position_embeddings=64).save_pretrained(artifact)
+    corpus = tmp_path / "corpus"
+    build_corpus(["kjv"], corpus, seq_len=64, max_docs=60, tokenizer=bert_uncased_tokenizer())
     scores = tmp_path / "length-test.json"
-    saved = {
-        "length_test_tokens": 65536,
-        "accuracy": {"512": 0.19, "4096": 0.18},
-        "masked_tokens": {"512": 9602, "4096": 9644},
-    }
+    saved = {"length_test_tokens": 512, "accuracy": {"512": 0.19, "4096": 0.18}, "masked_tokens": {"512": 9, "4096": 8}}
     scores.write_text(json.dumps(saved))
-    # 8,192 is past what the model reads: the model is loaded, nothing is scored, and the file is written again
-    accuracy, counted = compare.length_test(artifact, tmp_path, [512, 8192], 65536, tmp_path, scores)
-    assert accuracy == {512: 0.19} and counted == {512: 9602}
+    accuracy, counted = compare.length_test(artifact, corpus, [128, 512], 512, tmp_path / "work", scores)
+    (by_eval,) = evaluate_lengths(artifact, corpus, [128], tmp_path / "eval", tokens=512).rows
+    assert accuracy == {128: by_eval.value, 512: 0.19} and counted == {128: by_eval.count, 512: 9}
+    assert by_eval.count > 0 and "positions tiled from 64" in by_eval.note
     kept = json.loads(scores.read_text())
-    assert kept["accuracy"] == {"512": 0.19, "4096": 0.18} and kept["masked_tokens"] == {"512": 9602, "4096": 9644}
+    assert kept["accuracy"] == {"128": by_eval.value, "512": 0.19, "4096": 0.18}
 
 
 def test_the_length_table_has_the_short_extension_column_beside_the_extrapolation(compare):
