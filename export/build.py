@@ -501,6 +501,10 @@ def summary(manifest: Manifest, out_dir: str | Path) -> str:
         verdict = "passed" if variant.passed else "FAILED: " + "; ".join(variant.failures())
         if all(m.max_abs_logit_diff is None for m in gates):  # an embedding model: the cosine is the gate
             worst = f"worst embedding cosine {cosine:.4f}"
+            tokens = [m for m in gates if m.token_cosine_min is not None]
+            if tokens:  # recorded beside the gate, not part of it
+                worst += (f" (per token, not gated: mean {min(m.token_cosine_mean for m in tokens):.4f} at worst, "
+                          f"min {min(m.token_cosine_min for m in tokens):.4f})")  # fmt: skip
         else:
             agreement = min(
                 m.classification_agreement if m.fill_mask_top1_agreement is None else m.fill_mask_top1_agreement

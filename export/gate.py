@@ -15,6 +15,8 @@ reference within the parity tolerance), on the same inputs:
                                among the real tokens)
     embedding_cosine_min       the smallest cosine similarity between the variant's and fp32's
                                mean-pooled embeddings over the sequences (the mean is recorded too)
+    token_cosine_min / _mean   an embedding model's per-token hidden states (what /embed_all answers):
+                               the cosine of each real token's vector with fp32's; recorded, not gated
     max_abs_logit_diff         max |logits − fp32 logits| over what the agreement compares (masked
                                positions, sequences, real tokens); padding never counts
 
@@ -37,6 +39,7 @@ through `gate_inputs` → `variant_runner` → `measure_variant`, so the two mea
 
 from __future__ import annotations
 
+import functools
 import hashlib
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -62,15 +65,19 @@ GATE_BATCH = 4
 MASK_TOKEN_ID, CLS_TOKEN_ID, SEP_TOKEN_ID, PAD_TOKEN_ID = 103, 101, 102, 0
 
 Outputs = dict[str, np.ndarray]
-RunBatch = Callable[[int, dict[str, np.ndarray]], Outputs]  # (bucket, feeds) → {"logits", "embeddings"}
-# What a gate compares, of a graph's outputs. An embedding model's per-token hidden state (its graphs'
-# second output) is not fetched: at 16k positions a bucket it would be ~50 MB of each fp32 answer kept.
-GATED_OUTPUTS = ("logits", "embeddings")
+RunBatch = Callable[[int, dict[str, np.ndarray]], Outputs]  # (bucket, feeds) → {"logits", "embeddings", …}
+# What a gate compares, of a graph's outputs: an embedding model's per-token hidden state (its graphs' second
+# output) too, B·L·h floats a batch: at the gate's 16k positions a bucket, 16 MB of fp32 answers kept at
+# h = 256 (`remembered`), 50 MB at 768.
+GATED_OUTPUTS = ("logits", "embeddings", "token_embeddings")
+# What the latency record times: a call fetching the model's own head, as the service fetches one head a call
+# (the per-token states are /embed_all's, a rarer route, and only a copy more on graphs that compute them anyway).
+TIMED_OUTPUTS = ("logits", "embeddings")
 
 
-def gated(output_names) -> list[str]:
-    """Of a graph's output names, those a gate compares (`GATED_OUTPUTS`), in the graph's order."""
-    return [name for name in output_names if name in GATED_OUTPUTS]
+def gated(output_names, among: tuple[str, ...] = GATED_OUTPUTS) -> list[str]:
+    """Of a graph's output names, those in `among` (default what a gate compares), in the graph's order."""
+    return [name for name in output_names if name in among]
 
 
 def gate_text() -> str:
@@ -164,11 +171,15 @@ def measure_gate(
     """One variant of a model whose own head is `head` against fp32 at one bucket, with pass/fail
     against `thresholds`. An embedding model's own head has no logits: the cosine alone."""
     fill_mask, has_logits = head == "fill-mask", head != "embeddings"
-    agree, total, sims, max_diff = 0, 0, [], 0.0
+    agree, total, sims, token_sims, max_diff = 0, 0, [], [], 0.0
     for feeds in gate_batches(tokenizer, bucket, fill_mask):
         counts = feeds.pop("_counts", None)
         ref, got = reference(bucket, feeds), variant(bucket, feeds)
         sims.extend(cosine(ref["embeddings"].astype(np.float64), got["embeddings"].astype(np.float64)).tolist())
+        if "token_embeddings" in ref:  # every real token's vector; padding never counts
+            real = feeds["attention_mask"].astype(bool)
+            token_sims.extend(cosine(ref["token_embeddings"][real].astype(np.float64),
+                                     got["token_embeddings"][real].astype(np.float64)).tolist())  # fmt: skip
         if not has_logits:  # an embedding model's answers are its embeddings
             continue
         ref_logits = answer_scores(head, ref["logits"], feeds, counts)
@@ -185,6 +196,8 @@ def measure_gate(
         embedding_cosine_min=min(sims),
         embedding_cosine_mean=float(np.mean(sims)),
         max_abs_logit_diff=max_diff if has_logits else None,
+        token_cosine_min=min(token_sims) if token_sims else None,
+        token_cosine_mean=float(np.mean(token_sims)) if token_sims else None,
     )
     return measured.model_copy(update={"failures": thresholds.failures(measured)})
 
@@ -223,9 +236,9 @@ def ort_sessions(
 
 
 def ort_runner(sessions) -> RunBatch:
-    def run(bucket: int, feeds: dict[str, np.ndarray]) -> Outputs:
+    def run(bucket: int, feeds: dict[str, np.ndarray], among: tuple[str, ...] = GATED_OUTPUTS) -> Outputs:
         session = sessions[bucket]
-        names = gated(o.name for o in session.get_outputs())
+        names = gated((o.name for o in session.get_outputs()), among)
         wanted = {i.name for i in session.get_inputs()}
         return dict(zip(names, session.run(names, {k: v for k, v in feeds.items() if k in wanted}), strict=True))
 
@@ -236,7 +249,7 @@ def remembered(run: RunBatch) -> RunBatch:
     """`run`, answering a (bucket, feeds) it has answered before from memory. The int8 search gates every
     try against the same fp32 graphs on the same batches (`gate_batches` is deterministic), so fp32's
     answers are computed once, not once a try: 2-3 s a try at 512 tokens on 2 cores. What is kept is
-    what `measure_gate` compares: embeddings and logits, a fill-mask model's ~0.35 GB at 128 and 512
+    what `measure_gate` compares: embeddings, logits and per-token hidden states, a fill-mask model's ~0.35 GB at 128 and 512
     tokens (the vocabulary's logits at every masked position), freed with the runner."""
     answers: dict[tuple, Outputs] = {}
 
@@ -278,9 +291,9 @@ def variant_runner(
 
     compiled = load_variant(export_dir, manifest, precision, buckets)
 
-    def run(bucket: int, feeds: dict[str, np.ndarray]) -> Outputs:
+    def run(bucket: int, feeds: dict[str, np.ndarray], among: tuple[str, ...] = GATED_OUTPUTS) -> Outputs:
         bucket_graph = compiled[bucket]
-        return bucket_graph.run(feeds, gated(bucket_graph.output_names))
+        return bucket_graph.run(feeds, gated(bucket_graph.output_names, among))
 
     return VariantRunner(spec.runtime, spec.graphs, run)
 
@@ -436,6 +449,7 @@ def _measure_bucket(
     }
     feeds = {bucket: one_request(gate_batches(inputs.tokenizer, bucket, inputs.head == "fill-mask")[0])}
     runners = {FP32: inputs.reference, **{precision: variant.run for precision, variant in variants.items()}}
+    runners = {name: functools.partial(run, among=TIMED_OUTPUTS) for name, run in runners.items()}
     ms = {name: figures[bucket] for name, figures in measure_latency(runners, feeds).ms.items()}
     progress.step(f"latency of {', '.join(runners)} at bucket {bucket}")
     return measured, ms

@@ -165,6 +165,11 @@ class GateMeasured(_Section):
     embedding_cosine_min: float
     embedding_cosine_mean: float
     max_abs_logit_diff: float | None = None  # None: an embedding model has no logits, only the cosine counts
+    # An embedding model's per-token hidden state (its token-embeddings head, TEI's /embed_all): the cosine
+    # of each real token's vector with fp32's, over every real token of the gate's sequences. Recorded, not
+    # gated: the thresholds hold the pooled vector, what /embed answers. None for a model without that head.
+    token_cosine_min: float | None = None
+    token_cosine_mean: float | None = None
     failures: list[str] = Field(default_factory=list)
 
     @property

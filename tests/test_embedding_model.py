@@ -226,6 +226,8 @@ def test_its_export_gives_the_embeddings_and_the_hidden_state_they_pool_equal_to
         assert measured.max_abs_logit_diff is None and measured.classification_agreement is None
         assert measured.fill_mask_top1_agreement is None and 0.0 < measured.embedding_cosine_min <= 1.0 + 1e-9
         assert measured.compared == measured.sequences
+        # the per-token hidden states /embed_all answers: recorded beside the gate, every real token counted
+        assert 0.0 < measured.token_cosine_min <= measured.token_cosine_mean <= 1.0 + 1e-9
     assert set(manifest.latency.ms) == {"fp32", "int8"} and sorted(manifest.latency.ms["int8"]) == BUCKETS
     assert "embedding cosine" in summary(manifest, export_dir)
 

@@ -36,6 +36,7 @@ def test_export_records_each_variants_gate_per_bucket_with_thresholds_and_verdic
                 key = "fill_mask_top1_agreement" if name == "mlm" else "classification_agreement"
                 assert 0 <= raw["precisions"][precision]["gate"][str(bucket)][key] <= 1
                 assert 0 < m.embedding_cosine_min <= m.embedding_cosine_mean <= 1 + 1e-6
+                assert m.token_cosine_min is None  # no token-embeddings head on these graphs
                 assert m.failures == manifest.gate.thresholds.failures(m)
             assert variant.passed == (not variant.failures())
             assert variant.runtime == ("onnxruntime" if precision == "int8" else "openvino")
