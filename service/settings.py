@@ -86,7 +86,7 @@ class ServiceSettings(BaseSettings):
     max_token_embeddings: int = Field(
         4096,
         ge=1,
-        description="tokens one /embed_all request answers a vector for (some 9 KB of JSON each); past that, 413",
+        description="tokens one /embed_all request answers a vector for (some 3 KB of JSON each at 256 wide, 9 KB at 768); past that, 413",
     )
     classify_max_length: int = Field(
         512, ge=3, description="longest input of /v1/classify; longer goes to /v1/documents"
