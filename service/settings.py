@@ -170,6 +170,13 @@ class ServiceSettings(BaseSettings):
         "request in those first seconds waits for it); before-ready = with the short buckets, before /ready",
     )
     verify_hashes: bool = Field(True, description="check the sha256 of every export file at start-up")
+    load_workers: int = Field(
+        0,
+        ge=0,
+        description="models loaded at once at start-up (manifest, file hashes, runtime: mostly native code that "
+        "releases the GIL, so two cores load two models at once); their warm-ups still run one at a time. "
+        "0 = one a CPU core this process may use",
+    )
     cache_dir: str = Field(
         "",
         description="a writable directory where OpenVINO's compiled buckets (precisions bf16, int8-openvino) are kept "

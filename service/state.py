@@ -12,8 +12,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import re
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from export.integrity import IntegrityError
@@ -98,40 +100,60 @@ class ServiceState:
     def load(self) -> None:
         """Blocking: load every model and warm every shape (runs in a worker thread).
 
-        First every dir's manifest and file hashes (seconds), then the engines and their warm-up
-        (minutes for large models): a missing or modified dir is reported before any warm-up. A model
-        that fails raises `LoadFailed`, unless `skip_failed_models`: then it is recorded in `failed`
+        First every model's manifest, file hashes and runtime (seconds), `load_workers` models at once:
+        sha256, OpenVINO's compiles, ONNX Runtime's sessions and the tokenizer are native code that releases
+        the GIL, so on two cores two models load in about the time of one. Then their warm-ups (minutes
+        for large models), one model at a time in the settings' order: warm-up is compute on every core
+        already, and its lines stay in order. A missing or modified dir is reported before any warm-up. A
+        model that fails raises `LoadFailed`, unless `skip_failed_models`: then it is recorded in `failed`
         and the others are served (LoadFailed only when none is left)."""
         settings = self.settings
-        sources = {}
-        for name, path in settings.model_dirs().items():
-            try:  # an export dir, or an artifact dir served from its current export or on torch meanwhile
-                sources[name] = resolve(name, path, settings.runtime, settings.export_root, settings.verify_hashes)
-            except Exception as error:
-                self._failed(name, path, error)
-                continue
-        for name, source in sources.items():
-            started = time.perf_counter()
+        dirs = settings.model_dirs()
+        # 0: a worker a core this process may run on (a container's CPU set, not the host's count)
+        workers = settings.load_workers or (len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
+                                             else os.cpu_count() or 1)  # fmt: skip
+        with ThreadPoolExecutor(max(1, min(workers, len(dirs))), thread_name_prefix="bigs-load") as pool:
+            loading = {name: pool.submit(self._load_runtime, name, path) for name, path in dirs.items()}
             try:
-                engine = ModelEngine(name, source.path, source.manifest, settings, self.metrics, self.admission,
-                                     runtime=source.runtime)  # fmt: skip
-                warming = time.perf_counter()
+                loaded = {name: future.result() for name, future in loading.items()}
+            except BaseException:
+                pool.shutdown(cancel_futures=True)  # a model failed and the start ends: load no more
+                raise
+        for name, (source, engine, load_s) in loaded.items():
+            if engine is None:
+                continue
+            warming = time.perf_counter()
+            try:
                 shapes = engine.warm_up(self._warm_up_lines(name, engine)) if settings.warmup else 0
-                self.warm_up_s += time.perf_counter() - warming
             except Exception as error:
                 self._failed(name, str(source.path), error)
                 continue
+            warm_s = time.perf_counter() - warming
+            self.warm_up_s += warm_s
             self.models[name] = engine
             if source.pending:
                 self.pending_exports.append(PendingExport(name, source.path, source.export_to, engine.switch_to))
             log.info(
                 "loaded %s from %s (%s): %d shapes warmed in %.1f s; %s%s",
-                name, source.path, source.why, shapes, time.perf_counter() - started,
+                name, source.path, source.why, shapes, load_s + warm_s,
                 engine.precision_choice.explain(), tiling_words(engine.manifest),
             )  # fmt: skip
         if not self.models:
             raise LoadFailed("no model could be loaded: " + "; ".join(f"{n}: {r}" for n, r in self.failed.items()),
                              "no model could be loaded")  # fmt: skip
+
+    def _load_runtime(self, name: str, path: str):
+        """One model up to its warm-up, on a loading worker: (its source, its engine, seconds), or (source or None,
+        None, 0) where it failed and `skip_failed_models` recorded it (else `LoadFailed`)."""
+        settings, started, source = self.settings, time.perf_counter(), None
+        try:  # an export dir, or an artifact dir served from its current export or on torch meanwhile
+            source = resolve(name, path, settings.runtime, settings.export_root, settings.verify_hashes)
+            engine = ModelEngine(name, source.path, source.manifest, settings, self.metrics, self.admission,
+                                 runtime=source.runtime)  # fmt: skip
+        except Exception as error:
+            self._failed(name, path if source is None else str(source.path), error)
+            return source, None, 0.0
+        return source, engine, time.perf_counter() - started
 
     def _warm_up_lines(self, name: str, engine: ModelEngine):
         """`done` for the engine's warm-up: a line per bucket. A bucket's weight is the tokens its shapes

@@ -1152,6 +1152,42 @@ def test_a_model_that_fails_to_load_ends_serve_with_status_1_and_one_line_saying
     print(f"{how}: exit status {rc} {took:.2f} s after the start")
 
 
+def test_two_models_load_at_once_and_are_served_in_the_settings_order(exports, monkeypatch):
+    """load_workers=2: the second model's manifest, hashes and runtime load while the first's do (a barrier
+    both must reach at once, else it breaks and the start fails), and the models keep the settings' order
+    though the first finishes last; load_workers=1 loads one at a time (the barrier is never reached)."""
+    import service.state as state_module
+    from service.settings import ServiceSettings
+    from service.state import LoadFailed, ServiceState
+
+    real_resolve = state_module.resolve
+
+    def run(workers: int):
+        both = threading.Barrier(2, timeout=10)
+        second_done = threading.Event()
+
+        def resolve(name, *args):
+            both.wait()  # BrokenBarrierError (a load failure) unless the other model is loading too
+            if name == "first":
+                second_done.wait(20)  # the first model finishes last
+            source = real_resolve(name, *args)
+            if name == "second":
+                second_done.set()
+            return source
+
+        monkeypatch.setattr(state_module, "resolve", resolve)
+        settings = ServiceSettings(models=[f"first={exports['mlm']}", f"second={exports['cls']}"], warmup=False,
+                                   load_workers=workers)  # fmt: skip
+        state = ServiceState(settings)
+        state.load()
+        return state
+
+    state = run(2)
+    assert list(state.models) == ["first", "second"] and "fill-mask" in state.models["first"].heads
+    with pytest.raises(LoadFailed, match="first"):  # one at a time: the first model waits at the barrier alone
+        run(1)
+
+
 def test_with_skip_failed_models_the_others_are_served_and_the_failed_one_reported(exports, logs, tmp_path):
     bad = broken_export(exports, tmp_path, "modified")
     gone = broken_export(exports, tmp_path, "missing")
