@@ -99,6 +99,14 @@ def compile_config(
     return config
 
 
+# One graph built and compiled at a time in a process. A constant over a numpy array (`share_weights`) holds a
+# Python reference that OpenVINO's C++ releases, taking the GIL, when the compile replaces the constant; two
+# models loading on two threads (service/state.py, `load_workers`) deadlocked in `share_weights` that way: one
+# thread held the GIL waiting on OpenVINO, the other held OpenVINO waiting on the GIL. The rest of a model's load
+# (hashes, ONNX Runtime's sessions, the tokenizer) still runs beside another model's compile.
+_BUILDING = threading.RLock()  # re-entered: load_compiled → compile_graph
+
+
 def share_weights(model, arrays: dict[str, np.ndarray]) -> int:
     """Swap each constant of `model` (an `openvino.Model` read from an export's graph) that is one of
     `arrays` (the export's weights by name: OpenVINO's ONNX reader names a constant after its
@@ -238,23 +246,24 @@ def compile_graph(
     the int8 weights of the model's buckets compiled before (`SharedInt8Weights`). `perf_count`: see `compile_config`."""
     import openvino as ov
 
-    core = core or ov.Core()
-    model = core.read_model(str(path))
-    if weights is not None:
-        share_weights(model, weights.arrays)
-    if precision == "int8-openvino":
-        int8_weights(model, int8_shared)
-    compiled = core.compile_model(
-        model, "CPU", compile_config(precision, threads, dynamic_quantization_group, perf_count)
-    )
-    return CompiledBucket(
-        compiled,
-        [port.get_any_name() for port in compiled.inputs],
-        [port.get_any_name() for port in compiled.outputs],
-        weights,
-        int8_shared if precision == "int8-openvino" else None,
-        bool(compiled.get_property("LOADED_FROM_CACHE")),
-    )
+    with _BUILDING:
+        core = core or ov.Core()
+        model = core.read_model(str(path))
+        if weights is not None:
+            share_weights(model, weights.arrays)
+        if precision == "int8-openvino":
+            int8_weights(model, int8_shared)
+        compiled = core.compile_model(
+            model, "CPU", compile_config(precision, threads, dynamic_quantization_group, perf_count)
+        )
+        return CompiledBucket(
+            compiled,
+            [port.get_any_name() for port in compiled.inputs],
+            [port.get_any_name() for port in compiled.outputs],
+            weights,
+            int8_shared if precision == "int8-openvino" else None,
+            bool(compiled.get_property("LOADED_FROM_CACHE")),
+        )
 
 
 def load_compiled(
@@ -278,23 +287,24 @@ def load_compiled(
     manifest = manifest or read_manifest(export_dir)
     if manifest.onnx is None:
         raise ValueError(f"{export_dir} has no ONNX graphs (export with --formats onnx)")
-    core = ov.Core()
-    if cache_dir is not None:
-        core.set_property({"CACHE_DIR": str(cache_dir)})
-    # int8-openvino: each weight of the shared file made int8 once for every bucket
-    int8_shared = SharedInt8Weights(frozenset(manifest.onnx.weights))
-    return {
-        bucket: compile_graph(
-            export_dir / manifest.onnx.graph(bucket, FP32_GRAPHS).file,
-            precision,
-            threads,
-            core,
-            weights,
-            int8_shared=int8_shared,
-        )
-        for bucket in sorted(manifest.onnx.buckets)
-        if buckets is None or bucket in buckets
-    }
+    with _BUILDING:  # the Core too: nothing of OpenVINO's is made beside another model's compile
+        core = ov.Core()
+        if cache_dir is not None:
+            core.set_property({"CACHE_DIR": str(cache_dir)})
+        # int8-openvino: each weight of the shared file made int8 once for every bucket
+        int8_shared = SharedInt8Weights(frozenset(manifest.onnx.weights))
+        return {
+            bucket: compile_graph(
+                export_dir / manifest.onnx.graph(bucket, FP32_GRAPHS).file,
+                precision,
+                threads,
+                core,
+                weights,
+                int8_shared=int8_shared,
+            )
+            for bucket in sorted(manifest.onnx.buckets)
+            if buckets is None or bucket in buckets
+        }
 
 
 def load_variant(
