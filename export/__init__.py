@@ -43,3 +43,13 @@ code; besides them, modules (its torch runtime, service/runtimes/torch_eager.py,
 before its export exists) and build (`describe_artifact_dir`, the same case), both only where torch is
 installed. Training imports precisions, manifest, cpu and hub_files; the CLI and the benchmarks whatever they drive.
 """
+
+import sys
+
+# OpenVINO sends a usage event at every `import openvino` (`openvino_telemetry`, on until a user opts out), from a
+# process it forks: in the service that is a fork of a threaded process during start-up and a call out to the
+# network from a server. The project imports OpenVINO without it: `openvino_telemetry` made unimportable before
+# OpenVINO's first import, OpenVINO and NNCF fall back to their own stubs (both catch the ImportError).
+if "openvino" not in sys.modules:
+    sys.modules.setdefault("openvino_telemetry", None)
+
