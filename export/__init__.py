@@ -52,4 +52,3 @@ import sys
 # OpenVINO's first import, OpenVINO and NNCF fall back to their own stubs (both catch the ImportError).
 if "openvino" not in sys.modules:
     sys.modules.setdefault("openvino_telemetry", None)
-
