@@ -583,8 +583,9 @@ def test_relative_cache_dir_extracts_a_real_deb(tmp_path, monkeypatch):
     )
     (pkg / "usr/share/doc/bigs-probe").mkdir(parents=True)
     (pkg / "usr/share/doc/bigs-probe/README").write_text("the text\n")
-    subprocess.run(["dpkg-deb", "--build", str(pkg), str(tmp_path / "bigs-probe_1.0_all.deb")], check=True,
-                   capture_output=True)
+    subprocess.run(
+        ["dpkg-deb", "--build", str(pkg), str(tmp_path / "bigs-probe_1.0_all.deb")], check=True, capture_output=True
+    )
     monkeypatch.chdir(tmp_path)
 
     def build(tmp: Path) -> dict:
