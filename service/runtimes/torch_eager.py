@@ -18,6 +18,7 @@ least): what a request leaves behind is then the allocator's bookkeeping, not it
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -29,6 +30,12 @@ from export.modules import SentenceEmbedding
 from export.precisions import FP32
 
 from . import release_freed_memory
+
+# One model built at a time in a process. transformers' `from_pretrained` builds a model's modules on the meta
+# device through process-wide state: two models loading at once on two threads (service/state.py,
+# `load_workers`) failed in 1 start of 3 ("Cannot copy out of meta tensor"), and a module built beside one
+# would land on the meta device too.
+_BUILDING = threading.Lock()
 
 AUTO_CLASS_OF_HEAD = {
     "fill-mask": "AutoModelForMaskedLM",
@@ -69,9 +76,10 @@ class TorchRuntime:
             self.precision = {torch.bfloat16: "bf16", torch.float16: "fp16"}[autocast]
         self.precisions = dict.fromkeys(self.buckets, self.precision)
         loader = getattr(transformers, AUTO_CLASS_OF_HEAD[self.heads[0]])  # the model's own head comes first
-        self.model = loader.from_pretrained(str(export_dir), ssm_formulation="fft").eval().to(self.device)
-        # the mean, then the dir's Dense if it has one
-        self.embedding = SentenceEmbedding.of_dir(export_dir).to(self.device)
+        with _BUILDING:
+            self.model = loader.from_pretrained(str(export_dir), ssm_formulation="fft").eval().to(self.device)
+            # the mean, then the dir's Dense if it has one
+            self.embedding = SentenceEmbedding.of_dir(export_dir).to(self.device)
 
     def run(self, head: str, bucket: int, inputs: dict[str, np.ndarray]) -> np.ndarray:
         try:
