@@ -101,9 +101,10 @@ def compile_config(
 
 # One graph built and compiled at a time in a process. A constant over a numpy array (`share_weights`) holds a
 # Python reference that OpenVINO's C++ releases, taking the GIL, when the compile replaces the constant; two
-# models loading on two threads (service/state.py, `load_workers`) deadlocked in `share_weights` that way: one
-# thread held the GIL waiting on OpenVINO, the other held OpenVINO waiting on the GIL. The rest of a model's load
-# (hashes, ONNX Runtime's sessions, the tokenizer) still runs beside another model's compile.
+# models loading on two threads (service/state.py, `load_workers`) hung in 1 start of 3-7, a thread stopped in
+# `share_weights` and nothing running (py-spy): the GIL and OpenVINO's own locks taken in opposite orders, the
+# likeliest reading. With this lock 20 of 20 starts were ready. The rest of a model's load (hashes, ONNX
+# Runtime's sessions, the tokenizer) still runs beside another model's compile.
 _BUILDING = threading.RLock()  # re-entered: load_compiled → compile_graph
 
 
