@@ -113,7 +113,7 @@ class ServiceState:
         workers = settings.load_workers or (len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
                                              else os.cpu_count() or 1)  # fmt: skip
         with ThreadPoolExecutor(max(1, min(workers, len(dirs))), thread_name_prefix="bigs-load") as pool:
-            loading = {name: pool.submit(self._load_runtime, name, path) for name, path in dirs.items()}
+            loading = {name: pool.submit(self._load_model, name, path) for name, path in dirs.items()}
             try:
                 loaded = {name: future.result() for name, future in loading.items()}
             except BaseException:
@@ -142,7 +142,7 @@ class ServiceState:
             raise LoadFailed("no model could be loaded: " + "; ".join(f"{n}: {r}" for n, r in self.failed.items()),
                              "no model could be loaded")  # fmt: skip
 
-    def _load_runtime(self, name: str, path: str):
+    def _load_model(self, name: str, path: str):
         """One model up to its warm-up, on a loading worker: (its source, its engine, seconds), or (source or None,
         None, 0) where it failed and `skip_failed_models` recorded it (else `LoadFailed`)."""
         settings, started, source = self.settings, time.perf_counter(), None

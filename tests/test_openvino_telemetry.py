@@ -8,14 +8,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-
-from export.precisions import installed
-
 REPO = Path(__file__).resolve().parents[1]
 
 
-@pytest.mark.skipif(not installed("openvino"), reason="OpenVINO is not installed")
 def test_the_service_imports_openvino_with_its_telemetry_stub_and_writes_nothing_in_home(tmp_path):
     code = (
         "import service.app, openvino, openvino.tools.ovc.telemetry_utils as used, multiprocessing as mp;"
