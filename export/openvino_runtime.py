@@ -105,7 +105,7 @@ def compile_config(
 # `share_weights` and nothing running (py-spy): the GIL and OpenVINO's own locks taken in opposite orders, the
 # likeliest reading. With this lock 20 of 20 starts were ready. The rest of a model's load (hashes, ONNX
 # Runtime's sessions, the tokenizer) still runs beside another model's compile.
-_BUILDING = threading.RLock()  # re-entered: load_compiled → compile_graph
+_BUILDING = threading.RLock()  # re-entered: build_graphs → build_graph
 
 
 def share_weights(model, arrays: dict[str, np.ndarray]) -> int:
@@ -228,7 +228,36 @@ def int8_weights(model, shared: SharedInt8Weights | None = None) -> int:
     return replaced
 
 
-def compile_graph(
+@dataclass
+class BuiltGraph:
+    """One bucket's graph read and its constants set (`build_graph`), not compiled yet. Building reads the export's
+    files; compiling (the plugin's work, ~90% of a bucket's load: 0.3 of 0.35 s for bigs-mini-news at 2,048, 2-core
+    Xeon) reads none, so a service may build every bucket as it loads and compile some later (`compile`; the long
+    lane's buckets, after ready: service/runtimes/openvino.py). Until then a constant not swapped for the shared
+    weights' (none, where every weight's shape matches) keeps the weights file mapped."""
+
+    core: object  # openvino.Core
+    model: object  # openvino.Model, until compiled
+    config: dict[str, str]  # `compile_config`'s
+    input_names: list[str]
+    weights: object = None  # as `CompiledBucket`'s
+    int8_shared: object = None
+
+    def compile(self) -> CompiledBucket:
+        with _BUILDING:
+            compiled = self.core.compile_model(self.model, "CPU", self.config)
+            self.model = None  # what the compiled model needs of it, it holds
+            return CompiledBucket(
+                compiled,
+                [port.get_any_name() for port in compiled.inputs],
+                [port.get_any_name() for port in compiled.outputs],
+                self.weights,
+                self.int8_shared,
+                bool(compiled.get_property("LOADED_FROM_CACHE")),
+            )
+
+
+def build_graph(
     path: str | Path,
     precision: str = "bf16",
     threads: int | None = None,
@@ -237,14 +266,14 @@ def compile_graph(
     dynamic_quantization_group: int | None = None,
     int8_shared: SharedInt8Weights | None = None,
     perf_count: bool = False,
-) -> CompiledBucket:
-    """One ONNX graph file compiled by OpenVINO's CPU plugin at `precision` (`compile_config`); its
-    inputs and outputs are named as in the graph. `core`: an `openvino.Core` to reuse across calls.
-    `weights`: the export's weights already in memory (export/onnx_runtime.py `MappedWeights`), which
-    the graph's constants then point into (`share_weights`) instead of holding a copy of their own.
-    At int8-openvino its products' constants are made int8 first (`int8_weights`), their activations quantized
-    at run time in groups of `dynamic_quantization_group` (VNNI and AMX CPUs; `compile_config`); `int8_shared`:
-    the int8 weights of the model's buckets compiled before (`SharedInt8Weights`). `perf_count`: see `compile_config`."""
+) -> BuiltGraph:
+    """One ONNX graph file read by OpenVINO for its CPU plugin at `precision` (`compile_config`); its inputs and
+    outputs are named as in the graph. `core`: an `openvino.Core` to reuse across calls. `weights`: the export's
+    weights already in memory (export/onnx_runtime.py `MappedWeights`), which the graph's constants then point into
+    (`share_weights`) instead of holding a copy of their own. At int8-openvino its products' constants are made int8
+    (`int8_weights`), their activations quantized at run time in groups of `dynamic_quantization_group` (VNNI and
+    AMX CPUs; `compile_config`); `int8_shared`: the int8 weights of the model's other buckets
+    (`SharedInt8Weights`). `perf_count`: see `compile_config`."""
     import openvino as ov
 
     with _BUILDING:
@@ -254,17 +283,19 @@ def compile_graph(
             share_weights(model, weights.arrays)
         if precision == "int8-openvino":
             int8_weights(model, int8_shared)
-        compiled = core.compile_model(
-            model, "CPU", compile_config(precision, threads, dynamic_quantization_group, perf_count)
-        )
-        return CompiledBucket(
-            compiled,
-            [port.get_any_name() for port in compiled.inputs],
-            [port.get_any_name() for port in compiled.outputs],
+        return BuiltGraph(
+            core,
+            model,
+            compile_config(precision, threads, dynamic_quantization_group, perf_count),
+            [port.get_any_name() for port in model.inputs],
             weights,
             int8_shared if precision == "int8-openvino" else None,
-            bool(compiled.get_property("LOADED_FROM_CACHE")),
         )
+
+
+def compile_graph(path: str | Path, precision: str = "bf16", threads: int | None = None, **options) -> CompiledBucket:
+    """`build_graph`, compiled now (the other options are its)."""
+    return build_graph(path, precision, threads, **options).compile()
 
 
 def load_compiled(
@@ -276,26 +307,40 @@ def load_compiled(
     weights=None,
     cache_dir: str | Path | None = None,
 ) -> dict[int, CompiledBucket]:
-    """{bucket: CompiledBucket} of the export dir's fp32 ONNX graphs at `precision`; with `weights`
-    (its `map_weights`), every bucket's constants over that one copy (`compile_graph`). `cache_dir`: a writable
-    directory where OpenVINO keeps each compiled bucket and reads it back on the next load instead of compiling
-    (its `CACHE_DIR`, keyed by the graph, its weights and the compile properties; a blob that cannot be written or
-    read back is compiled instead). A bucket read back holds its own copy of the weights, from the blob: the
-    service's caller keys the directory by CPU and export and weighs that cost (service/compiled_cache.py)."""
+    """{bucket: CompiledBucket}: `build_graphs`, every bucket compiled now."""
+    built = build_graphs(export_dir, precision, buckets, threads, manifest, weights, cache_dir)
+    return {bucket: graph.compile() for bucket, graph in built.items()}
+
+
+def build_graphs(
+    export_dir: str | Path,
+    precision: str = "bf16",
+    buckets: list[int] | None = None,
+    threads: int | None = None,
+    manifest: Manifest | None = None,
+    weights=None,
+    cache_dir: str | Path | None = None,
+) -> dict[int, BuiltGraph]:
+    """{bucket: BuiltGraph} of the export dir's fp32 ONNX graphs at `precision`, to compile (`BuiltGraph.compile`);
+    with `weights` (its `map_weights`), every bucket's constants over that one copy (`build_graph`), and at
+    int8-openvino each shared weight made int8 once for every bucket. `cache_dir`: a writable directory where
+    OpenVINO keeps each compiled bucket and reads it back on the next load instead of compiling (its `CACHE_DIR`,
+    keyed by the graph, its weights and the compile properties; a blob that cannot be written or read back is
+    compiled instead). A bucket read back holds its own copy of the weights, from the blob: the service's caller
+    keys the directory by CPU and export and weighs that cost (service/compiled_cache.py)."""
     import openvino as ov
 
     export_dir = Path(export_dir)
     manifest = manifest or read_manifest(export_dir)
     if manifest.onnx is None:
         raise ValueError(f"{export_dir} has no ONNX graphs (export with --formats onnx)")
-    with _BUILDING:  # the Core too: nothing of OpenVINO's is made beside another model's compile
+    with _BUILDING:  # the Core too: nothing of OpenVINO's is made beside another model's build
         core = ov.Core()
         if cache_dir is not None:
             core.set_property({"CACHE_DIR": str(cache_dir)})
-        # int8-openvino: each weight of the shared file made int8 once for every bucket
         int8_shared = SharedInt8Weights(frozenset(manifest.onnx.weights))
         return {
-            bucket: compile_graph(
+            bucket: build_graph(
                 export_dir / manifest.onnx.graph(bucket, FP32_GRAPHS).file,
                 precision,
                 threads,

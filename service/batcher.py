@@ -45,6 +45,11 @@ from .tokenization import Encoded
 ONE_LONG_WARM_UP = threading.Lock()
 
 
+def lane_name(bucket: int, settings: ServiceSettings) -> str:
+    """The lane that serves `bucket`: "long" from `long_bucket_min_length` up, else "short"."""
+    return "long" if bucket >= settings.long_bucket_min_length else "short"
+
+
 class DeadlineExceeded(Exception):
     pass
 
@@ -103,7 +108,7 @@ class ModelBatcher:
     # -- shapes ---------------------------------------------------------------------------
 
     def lane_for(self, bucket: int) -> Lane:
-        return self.lanes["long" if bucket >= self.settings.long_bucket_min_length else "short"]
+        return self.lanes[lane_name(bucket, self.settings)]
 
     def short_lane_running(self) -> bool:
         """A batch is on the short lane's runtime now: what is queued meanwhile waits for it to end and forms the

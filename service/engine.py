@@ -49,7 +49,7 @@ from export.manifest import Manifest
 from export.precisions import FP32
 
 from .admission import Admission
-from .batcher import DeadlineExceeded, Job, ModelBatcher, RuntimeFailure
+from .batcher import DeadlineExceeded, Job, ModelBatcher, RuntimeFailure, lane_name
 from .buckets import bucket_for
 from .chunking import WindowPolicy, Windows, split_into_windows
 from .errors import ServiceError
@@ -159,7 +159,13 @@ class ModelEngine:
         else:  # the artifact itself, the reference its export is measured against, until the export is done
             self.precision_choice = PrecisionChoice(dict.fromkeys(manifest.buckets, FP32),
                                                     ["the artifact on torch until its export is done"])  # fmt: skip
-        self.runtime: Runtime = self._load_runtime(kind, self.export_dir, manifest, self.precision_choice)
+        # the long lane's buckets compiled as that lane warms them after ready, where a runtime compiles (OpenVINO's)
+        compile_later = (
+            [b for b in self.buckets if lane_name(b, settings) == "long"] if self._long_lane_after_ready() else []
+        )
+        self.runtime: Runtime = self._load_runtime(
+            kind, self.export_dir, manifest, self.precision_choice, compile_later
+        )
         self.batcher = ModelBatcher(name, self.runtime, settings, metrics)
         self.loaded_at = int(time.time())
         self.dimensions = manifest.model.embedding_size  # hidden_size, or the width of the dir's 2_Dense
@@ -241,10 +247,12 @@ class ModelEngine:
         return precision_for_model(settings.precision, settings.runtime, manifest, settings.auto_openvino_buckets,
                                    settings.auto_openvino_min_speedup)  # fmt: skip
 
-    def _load_runtime(self, kind: str, export_dir: Path, manifest: Manifest, choice: PrecisionChoice) -> Runtime:
+    def _load_runtime(
+        self, kind: str, export_dir: Path, manifest: Manifest, choice: PrecisionChoice, compile_later: list[int] = ()
+    ) -> Runtime:
         settings = self.settings
         return load_runtime(kind, export_dir, manifest, settings.intra_op_threads, settings.ort_spin_wait,
-                            settings.ort_shared_arena, choice.by_bucket, settings.cache_dir)  # fmt: skip
+                            settings.ort_shared_arena, choice.by_bucket, settings.cache_dir, compile_later)  # fmt: skip
 
     async def stop(self) -> None:
         await self.batcher.stop()

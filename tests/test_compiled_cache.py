@@ -139,14 +139,14 @@ def test_with_cache_dir_set_a_start_writes_it_and_the_next_start_reads_it(varian
     settings = ServiceSettings(
         models=[f"cls={variant_exports['cls']}"], precision=precision, cache_dir=str(tmp_path / "cache")
     )
-    starts = []
+    starts, answers = [], []
     for _ in range(2):
         state = ServiceState(settings)
         state.load()
         starts.append(state.models["cls"].runtime)
+        answers.append(_answers(starts[-1]))  # every bucket run: the long lane's are compiled at their first run
     first, second = starts
     assert first.kind == "openvino" and first.from_cache == []
     assert second.from_cache == second.buckets
-    answers = _answers(second)
-    for key, expected in _answers(first).items():
-        np.testing.assert_array_equal(answers[key], expected, err_msg=str(key))
+    for key, expected in answers[0].items():
+        np.testing.assert_array_equal(answers[1][key], expected, err_msg=str(key))

@@ -27,6 +27,7 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import functools
+from collections.abc import Collection
 from pathlib import Path
 from typing import Protocol
 
@@ -65,12 +66,14 @@ def load_runtime(
     ort_shared_arena: bool = True,
     precision: str | dict[int, str] = FP32,
     cache_dir: str | Path | None = None,
+    compile_later: Collection[int] = (),
 ) -> Runtime:
     """The runtime `kind` at `precision`, one for the model or one per bucket (already chosen:
     service/precision_policy.py); reduced precision is a variant of the ONNX graphs, so only `onnx` takes
     it. Each bucket runs on its precision's runtime (export/precisions.py): OpenVINO's (`ON_OPENVINO`) or ORT.
     `cache_dir`: the settings' compiled-model cache, where OpenVINO's buckets are kept between starts
-    (service/compiled_cache.py); None or empty: compiled at every start."""
+    (service/compiled_cache.py); None or empty: compiled at every start. `compile_later`: buckets whose OpenVINO
+    graphs are built now and compiled at their first run (service/runtimes/openvino.py); ORT's sessions are made now."""
     by_bucket = dict.fromkeys(manifest.buckets, precision) if isinstance(precision, str) else dict(precision)
     if kind != "onnx" and set(by_bucket.values()) - {FP32}:
         raise ValueError(f"precision {summary_precision(by_bucket)} needs runtime onnx (runtime {kind} serves fp32)")
@@ -95,7 +98,9 @@ def load_runtime(
                 from .openvino import OpenVinoRuntime
 
                 parts.append(
-                    OpenVinoRuntime(export_dir, manifest, on_openvino, intra_op_threads, at, weights, compiled_cache)
+                    OpenVinoRuntime(
+                        export_dir, manifest, on_openvino, intra_op_threads, at, weights, compiled_cache, compile_later
+                    )
                 )
                 # products made int8 (int8-openvino's): their fp32 weights go, unless another graph reads them
                 others = {b: p for b, p in by_bucket.items() if p != on_openvino}
