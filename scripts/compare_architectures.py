@@ -253,10 +253,11 @@ def length_test(
         hits, masked = masked_token_hits(model, split, rows, max(1, LENGTH_TEST_BATCH_TOKENS // length))
         accuracy[length], counted[length] = hits / max(masked, 1), masked
         print(f"length test: {extended} at {length}: {accuracy[length]:.4f} over {masked} masked tokens", flush=True)
-    # The file keeps the lengths other runs scored too: a run with fewer `--lengths` must not drop them.
-    ordered = lambda scores: {n: scores[n] for n in sorted(scores)}
-    record = {"length_test_tokens": tokens, "accuracy": ordered(accuracy), "masked_tokens": ordered(counted)}
-    scores.write_text(json.dumps(record, indent=2) + "\n")
+        # Written after each length (the longest take longest, and a run cut short keeps what it scored). The file
+        # keeps the lengths other runs scored too: a run with fewer `--lengths` must not drop them.
+        ordered = lambda scores: {n: scores[n] for n in sorted(scores)}
+        record = {"length_test_tokens": tokens, "accuracy": ordered(accuracy), "masked_tokens": ordered(counted)}
+        scores.write_text(json.dumps(record, indent=2) + "\n")
     return asked(accuracy), asked(counted)
 
 
