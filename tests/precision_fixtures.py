@@ -31,6 +31,18 @@ def int8_openvino_runs_here() -> bool:
     return has_exact_int8_products()
 
 
+def openvino_precision_here() -> str:
+    """A precision the variant exports (`build_variant_exports`) hold for OpenVINO on this CPU, bf16 first; the
+    calling test is skipped where they hold neither."""
+    import pytest
+
+    if bf16_runs_here():
+        return "bf16"
+    if int8_openvino_runs_here():
+        return "int8-openvino"
+    pytest.skip("this CPU has neither bf16 units nor int8 dot products: the exports hold no OpenVINO variant")
+
+
 def build_variant_exports(root: Path) -> dict[str, Path]:
     """The tiny service models (tests/service_fixtures.py) exported with int8, bf16 and int8-openvino variants,
     ONNX only (bf16 and int8-openvino recorded where this CPU runs them: `bf16_runs_here`, `int8_openvino_runs_here`)."""

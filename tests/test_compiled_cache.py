@@ -16,7 +16,7 @@ import logging
 
 import numpy as np
 import pytest
-from precision_fixtures import _tampered_copy, bf16_runs_here, int8_openvino_runs_here
+from precision_fixtures import _tampered_copy, openvino_precision_here
 
 # OpenVINO at two buckets (each of its precisions), ONNX Runtime at the third: a model's runtimes as precision auto mixes them
 MIXED = {128: "bf16", 512: "int8-openvino", 1024: "fp32"}
@@ -130,12 +130,7 @@ def test_with_cache_dir_set_a_start_writes_it_and_the_next_start_reads_it(varian
     from service.settings import ServiceSettings
     from service.state import ServiceState
 
-    if bf16_runs_here():
-        precision = "bf16"
-    elif int8_openvino_runs_here():
-        precision = "int8-openvino"
-    else:
-        pytest.skip("this CPU has neither bf16 units nor int8 dot products: the exports hold no OpenVINO variant")
+    precision = openvino_precision_here()
     settings = ServiceSettings(
         models=[f"cls={variant_exports['cls']}"], precision=precision, cache_dir=str(tmp_path / "cache")
     )

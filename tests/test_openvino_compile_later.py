@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from precision_fixtures import bf16_runs_here, int8_openvino_runs_here
+from precision_fixtures import openvino_precision_here
 from test_compiled_cache import _answers
 
 
@@ -51,17 +51,13 @@ def test_at_int8_openvino_the_weights_made_int8_are_known_at_load_deferred_bucke
     assert later.weights_made_int8() == at_load.weights_made_int8() != set()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("warmup_long_lane", ["after-ready", "before-ready"])
 def test_the_long_lanes_openvino_buckets_compile_in_its_warm_up_after_ready(variant_exports, warmup_long_lane):
     from service.settings import ServiceSettings
     from service.state import ServiceState
 
-    if bf16_runs_here():
-        precision = "bf16"
-    elif int8_openvino_runs_here():
-        precision = "int8-openvino"
-    else:
-        pytest.skip("this CPU has neither bf16 units nor int8 dot products: the exports hold no OpenVINO variant")
+    precision = openvino_precision_here()
     settings = ServiceSettings(models=[f"cls={variant_exports['cls']}"], precision=precision,
                                warmup_long_lane=warmup_long_lane)  # fmt: skip
     state = ServiceState(settings)
