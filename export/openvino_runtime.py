@@ -298,18 +298,10 @@ def compile_graph(path: str | Path, precision: str = "bf16", threads: int | None
     return build_graph(path, precision, threads, **options).compile()
 
 
-def load_compiled(
-    export_dir: str | Path,
-    precision: str = "bf16",
-    buckets: list[int] | None = None,
-    threads: int | None = None,
-    manifest: Manifest | None = None,
-    weights=None,
-    cache_dir: str | Path | None = None,
-) -> dict[int, CompiledBucket]:
-    """{bucket: CompiledBucket}: `build_graphs`, every bucket compiled now."""
-    built = build_graphs(export_dir, precision, buckets, threads, manifest, weights, cache_dir)
-    return {bucket: graph.compile() for bucket, graph in built.items()}
+def load_compiled(export_dir: str | Path, precision: str = "bf16", **options) -> dict[int, CompiledBucket]:
+    """{bucket: CompiledBucket}: `build_graphs` (its options: buckets, threads, manifest, weights, cache_dir), every
+    bucket compiled now."""
+    return {bucket: graph.compile() for bucket, graph in build_graphs(export_dir, precision, **options).items()}
 
 
 def build_graphs(

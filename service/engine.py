@@ -37,7 +37,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Collection
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
@@ -248,7 +248,12 @@ class ModelEngine:
                                    settings.auto_openvino_min_speedup)  # fmt: skip
 
     def _load_runtime(
-        self, kind: str, export_dir: Path, manifest: Manifest, choice: PrecisionChoice, compile_later: list[int] = ()
+        self,
+        kind: str,
+        export_dir: Path,
+        manifest: Manifest,
+        choice: PrecisionChoice,
+        compile_later: Collection[int] = (),
     ) -> Runtime:
         settings = self.settings
         return load_runtime(kind, export_dir, manifest, settings.intra_op_threads, settings.ort_spin_wait,

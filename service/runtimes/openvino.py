@@ -85,9 +85,8 @@ class OpenVinoRuntime:
             with self._compiling:
                 compiled = self.compiled.get(bucket)
                 if compiled is None:
-                    compiled = self.compiled[bucket] = self.not_compiled[
-                        bucket
-                    ].compile()  # failed: tried again next run
+                    built = self.not_compiled[bucket]  # kept until compiled: a compile that raises is tried again
+                    compiled = self.compiled[bucket] = built.compile()
                     del self.not_compiled[bucket]
                     if self.cache_dir is not None:
                         how = "read from" if compiled.from_cache else "compiled and written to"
