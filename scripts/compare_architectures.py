@@ -242,6 +242,7 @@ def length_test(
     # Past the extension's positions the table is tiled as `bigs eval --lengths` tiles it (no training); a
     # shorter length reads the same weights as before, since tiling leaves the learned rows as they are.
     model = ArtifactModel(extended, positions=max(lengths))
+    ordered = lambda scores: {n: scores[n] for n in sorted(scores)}
     for length in lengths:
         if length in accuracy:
             continue
@@ -255,7 +256,6 @@ def length_test(
         print(f"length test: {extended} at {length}: {accuracy[length]:.4f} over {masked} masked tokens", flush=True)
         # Written after each length (the longest take longest, and a run cut short keeps what it scored). The file
         # keeps the lengths other runs scored too: a run with fewer `--lengths` must not drop them.
-        ordered = lambda scores: {n: scores[n] for n in sorted(scores)}
         record = {"length_test_tokens": tokens, "accuracy": ordered(accuracy), "masked_tokens": ordered(counted)}
         scores.write_text(json.dumps(record, indent=2) + "\n")
     return asked(accuracy), asked(counted)

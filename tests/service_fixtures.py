@@ -21,7 +21,9 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
 import httpx
 
@@ -30,6 +32,7 @@ BUCKETS = [128, 512, 1024]
 LABELS = ["a", "b", "c"]
 MAX_LENGTH = 1024
 HOST = "127.0.0.1"
+T = TypeVar("T")
 
 # Plain English words that the BERT uncased vocab holds as one token each: n words -> n + 2 tokens.
 WORDS = (  # noqa: SIM905 (one line of prose reads better than 40 quoted words)
@@ -278,3 +281,23 @@ class HealthWatch:
     def __exit__(self, *_):
         self._done.set()
         self._thread.join()
+
+
+# A loop held by work that grows with the request is held on every try; the shared machine stalling for a moment
+# is not (CI once saw /health take 1.10 s beside a 64-input /embed that holds it 0.01-0.03 s here, with and without
+# both cores busy). So a request over a time limit is sent again, up to TIMING_TRIES in all, and its time limits
+# are judged on its best try.
+TIMING_TRIES = 3
+
+
+def best_timing(send: Callable[[], T], timing: Callable[[T], tuple[float, float]],
+                within: tuple[float, float]) -> tuple[T, float, float, int]:  # fmt: skip
+    """(the first try's result, best seconds, best /health seconds, tries): `send` again while its best
+    (seconds, /health seconds), as `timing` reads them from a result, are over `within`."""
+    first = send()
+    seconds, health_s = timing(first)
+    tries = 1
+    while (seconds > within[0] or health_s > within[1]) and tries < TIMING_TRIES:
+        again_s, again_health_s = timing(send())
+        seconds, health_s, tries = min(seconds, again_s), min(health_s, again_health_s), tries + 1
+    return first, seconds, health_s, tries
